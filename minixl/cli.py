@@ -1,0 +1,158 @@
+"""The `minixl` command line: train, sample, eval, bench.
+
+Hand-written (not generated). Run `minixl --help` or `python -m minixl --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import torch
+
+from . import train as T
+from .char_transformer import CharTransformerConfig, evaluate_bpc, generate
+from .data import DownloadError, decode, encode, load_corpus
+
+__all__ = ["main"]
+
+MODEL_FLAGS = ("n_layer", "d_model", "n_head", "d_inner", "block_size", "dropout", "pos")
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help=f"one of {', '.join(T.PRESETS)} (default tiny)")
+    g = p.add_argument_group("model sizes (override the preset)")
+    for name in MODEL_FLAGS[:-2]:
+        g.add_argument("--" + name.replace("_", "-"), type=int)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--pos", help="per_layer, sinusoid or none")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+
+
+def _configs(args) -> tuple[CharTransformerConfig, T.TrainConfig]:
+    model_cfg, train_cfg = T.preset(args.preset)
+    model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in MODEL_FLAGS})
+    train_over = {k: getattr(args, k, None) for k in
+                  ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed")}
+    return model_cfg, T.with_overrides(train_cfg, device=args.device, compile=args.compile,
+                                       **train_over)
+
+
+def cmd_train(args) -> None:
+    model_cfg, cfg = _configs(args)
+    result = T.train(model_cfg, cfg, resume=args.resume, overwrite=args.overwrite,
+                     progress=not args.no_progress)
+    model = result["model"]
+    print(f"corpus: {result['corpus'].description}")
+    print(f"trained {cfg.steps} steps on {result['device']} in {result['seconds']:.0f} s")
+    print(f"held-out bpc (valid, all positions): {result['valid_bpc']:.3f}")
+    print(f"run folder: {result['out']} (checkpoint.pt, metrics.csv, loss.png)")
+    if args.sample_len:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        out = generate(model, encode(args.prompt), args.sample_len, temperature=0.8, generator=gen)
+        print("sample:\n" + decode(out))
+
+
+def cmd_sample(args) -> None:
+    device = T.resolve_device(args.device)
+    model = T.model_from_checkpoint(args.checkpoint).to(device)
+    gen = torch.Generator().manual_seed(args.seed)
+    prompt = encode(args.prompt)
+    if len(prompt) == 0:
+        raise ValueError("--prompt must not be empty: the model needs at least one byte to start")
+    with T.autocast(device):
+        out = generate(model, prompt, args.n, temperature=args.temperature, top_k=args.top_k,
+                       generator=gen)
+    print(decode(out))
+
+
+def cmd_eval(args) -> None:
+    device = T.resolve_device(args.device)
+    ckpt = T.load_checkpoint(args.checkpoint)
+    model = T.model_from_checkpoint(ckpt).to(device)
+    corpus_name = args.corpus or ckpt["train_config"]["corpus"]
+    corpus = load_corpus(corpus_name)
+    data = getattr(corpus, args.split)
+    seq_len = args.seq_len or model.config.block_size
+    with T.autocast(device):
+        bpc = evaluate_bpc(model, data, seq_len=seq_len, batch_size=args.batch_size)
+    print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes, windows of {seq_len}, "
+          "all positions scored)")
+
+
+def cmd_bench(args) -> None:
+    model_cfg, _ = _configs(args)
+    r = T.bench(model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
+                compile=args.compile, peak=args.peak_tflops)
+    print(f"device: {r['device']}  params: {r['params']:,}  batch {r['batch_size']} x "
+          f"{r['block_size']}  compile: {r['compile']}")
+    print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
+    if r["mfu"] is not None:
+        print(f"MFU: {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s (bf16 dense peak)")
+    elif r["device"] == "cpu":
+        print("MFU: not reported on the CPU")
+    else:
+        print(f"MFU: unknown peak for {r['device']}; pass --peak-tflops")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minixl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model; writes a run folder")
+    _model_flags(t)
+    t.add_argument("--corpus", help="pydoc (default), enwik8, text8, or a path to a text file")
+    t.add_argument("--out", help="run folder (default runs/PRESET)")
+    t.add_argument("--steps", type=int)
+    t.add_argument("--batch-size", type=int)
+    t.add_argument("--lr", type=float)
+    t.add_argument("--eval-every", type=int, help="held-out bpc every N steps")
+    t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps")
+    t.add_argument("--seed", type=int)
+    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    t.add_argument("--overwrite", action="store_true", help="start again over an existing run")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--sample-len", type=int, default=300, help="bytes to sample at the end")
+    t.add_argument("--prompt", default="The ", help="prompt of the final sample")
+    t.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("sample", help="generate text from a checkpoint")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--prompt", default="The ")
+    s.add_argument("--n", type=int, default=300, help="bytes to generate")
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-k", type=int)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="auto")
+    s.set_defaults(func=cmd_sample)
+
+    e = sub.add_parser("eval", help="held-out bpc of a checkpoint")
+    e.add_argument("--checkpoint", required=True)
+    e.add_argument("--corpus", help="default: the corpus it was trained on")
+    e.add_argument("--split", choices=["valid", "test"], default="valid")
+    e.add_argument("--seq-len", type=int, help="window length (default: block_size)")
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--device", default="auto")
+    e.set_defaults(func=cmd_eval)
+
+    b = sub.add_parser("bench", help="training tokens/s, and MFU on CUDA")
+    _model_flags(b)
+    b.add_argument("--batch-size", type=int, default=32)
+    b.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
+    b.add_argument("--peak-tflops", type=float, help="the device's peak, if minixl does not know it")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, T.CheckpointError, DownloadError, OSError) as err:
+        print(f"minixl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

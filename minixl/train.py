@@ -1,0 +1,361 @@
+"""Trainer glue for `minixl train`, `eval`, `sample` and `bench`.
+
+Hand-written (not generated). The models come from the chapters; this module
+adds what a long run needs: presets, a cosine schedule with warm-up, bf16
+autocast and optional torch.compile on CUDA, periodic held-out bpc, a metrics
+CSV and loss-curve PNG, atomic checkpoints and resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc, generate
+from .data import load_corpus, random_windows
+
+__all__ = [
+    "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train",
+    "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
+]
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.csv"
+FORMAT = "minixl-checkpoint-1"
+
+
+@dataclass
+class TrainConfig:
+    """How to train: data, schedule, logging and where the run folder goes."""
+
+    corpus: str = "pydoc"
+    out: str = "runs/minixl"
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 2e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 30
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int | None = 20
+    ckpt_every: int = 200
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+# name -> (model sizes, training settings). tiny: a few CPU minutes; small: a
+# long CPU run or a short GPU one; base: Al-Rfou et al.'s T12 shape, for a GPU.
+PRESETS: dict[str, tuple[dict, dict]] = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=256),
+              dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)),
+    "base": (dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=512, dropout=0.1),
+             dict(steps=20000, batch_size=32, lr=6e-4, warmup=500, eval_every=1000,
+                  ckpt_every=1000, eval_batches=50)),
+}
+
+
+def preset(name: str) -> tuple[CharTransformerConfig, TrainConfig]:
+    """The model and training configs of a named preset."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: expected one of {', '.join(PRESETS)}")
+    model_kw, train_kw = PRESETS[name]
+    return CharTransformerConfig(**model_kw), TrainConfig(out=f"runs/{name}", **train_kw)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or does not fit the model it claims to hold."""
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """'auto' picks CUDA when present, else the CPU; 'cuda' without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but PyTorch sees no CUDA GPU here; "
+                         "use --device auto or --device cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"unknown device {name!r}: expected auto, cpu or cuda[:N]") from err
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; nothing on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_frac."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    floor = cfg.lr * cfg.min_lr_frac
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """torch.save to a temporary file beside path, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Load a minixl checkpoint with weights_only=True; clear errors when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for a damaged file
+        raise CheckpointError(f"{path} is corrupt or not a PyTorch checkpoint "
+                              f"({type(err).__name__}: {str(err).splitlines()[0]})") from err
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a minixl checkpoint (expected format {FORMAT!r})")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict | Path) -> CharTransformer:
+    """Rebuild the model a checkpoint describes and load its weights."""
+    ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
+    try:
+        model = CharTransformer(CharTransformerConfig(**ckpt["model_config"]))
+    except (TypeError, ValueError, KeyError) as err:
+        raise CheckpointError(f"checkpoint's model_config is unusable: {err}") from err
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as err:
+        raise CheckpointError("checkpoint weights do not match its model_config: "
+                              + str(err).splitlines()[0] + " ...") from err
+    return model
+
+
+def _write_plot(out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(out / METRICS) as f:
+        rows = list(csv.DictReader(f))
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows], label="train")
+    held = [r for r in rows if r["valid_bpc"]]
+    ax.plot([int(r["step"]) for r in held], [float(r["valid_bpc"]) for r in held], "o-",
+            label="held-out")
+    ax.set(xlabel="step", ylabel="bits per byte", title=out.name)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss.png")
+    plt.close(fig)
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """On resume, drop rows logged after the checkpoint's step (they will be redone)."""
+    if not path.exists():
+        return
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_COLUMNS)
+        w.writeheader()
+        w.writerows(r for r in rows if int(r["step"]) <= step)
+
+
+_COLUMNS = ["step", "train_bpc", "valid_bpc", "lr", "tokens_per_s", "elapsed_s"]
+
+
+def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = False,
+          overwrite: bool = False, progress: bool = True) -> dict:
+    """Train a CharTransformer; returns a summary dict with the final held-out bpc."""
+    from tqdm.auto import tqdm
+
+    out = Path(cfg.out)
+    ckpt_path = out / CHECKPOINT
+    if ckpt_path.exists() and not (resume or overwrite):
+        raise ValueError(f"{out} already holds a checkpoint; pass --resume to continue it, "
+                         "--overwrite to start again, or choose another --out")
+    if resume and not ckpt_path.exists():
+        raise ValueError(f"--resume: there is no checkpoint at {ckpt_path} to resume from")
+    device = resolve_device(cfg.device)
+    corpus = load_corpus(cfg.corpus)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model = CharTransformer(model_cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.95))
+    start = 0
+    if resume:
+        ckpt = load_checkpoint(ckpt_path)
+        if ckpt["model_config"] != asdict(model_cfg):
+            raise CheckpointError(f"{ckpt_path} holds a model of config {ckpt['model_config']}, "
+                                  f"not the {asdict(model_cfg)} asked for; resume with the "
+                                  "same preset and flags")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["sampler_rng"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        start = ckpt["step"]
+        _trim_metrics(out / METRICS, start)
+    out.mkdir(parents=True, exist_ok=True)
+    fwd = torch.compile(model) if cfg.compile else model  # save `model`: no _orig_mod. prefix
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(ckpt_path, {
+            "format": FORMAT, "step": step, "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "model_config": asdict(model_cfg),
+            "train_config": asdict(cfg), "sampler_rng": gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        })
+
+    def held_out(max_batches: int | None) -> float:
+        with autocast(device):
+            return evaluate_bpc(model, corpus.valid, seq_len=model_cfg.block_size,
+                                batch_size=cfg.batch_size, max_batches=max_batches)
+
+    new_file = not (out / METRICS).exists() or not resume
+    log = open(out / METRICS, "w" if new_file else "a", newline="")
+    writer = csv.DictWriter(log, fieldnames=_COLUMNS)
+    if new_file:
+        writer.writeheader()
+    tokens_per_step = cfg.batch_size * model_cfg.block_size
+    t0, t_log, running, n_run = time.perf_counter(), time.perf_counter(), 0.0, 0
+    step = start
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
+               desc=f"train {out.name}", dynamic_ncols=True)
+    try:
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg)
+            x, y = random_windows(corpus.train, cfg.batch_size, model_cfg.block_size, generator=gen)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with autocast(device):
+                logits = fwd(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            running, n_run = running + loss.item() / math.log(2), n_run + 1
+            done = step + 1
+            valid = held_out(cfg.eval_batches) if done % cfg.eval_every == 0 else None
+            if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
+                now = time.perf_counter()
+                writer.writerow({
+                    "step": done, "train_bpc": f"{running / n_run:.4f}",
+                    "valid_bpc": "" if valid is None else f"{valid:.4f}",
+                    "lr": f"{lr_at(step, cfg):.3e}",
+                    "tokens_per_s": f"{n_run * tokens_per_step / (now - t_log):.0f}",
+                    "elapsed_s": f"{now - t0:.1f}",
+                })
+                log.flush()
+                bar.set_postfix(train_bpc=f"{running / n_run:.3f}",
+                                **({} if valid is None else {"valid_bpc": f"{valid:.3f}"}))
+                running, n_run, t_log = 0.0, 0, now
+            if done % cfg.ckpt_every == 0:
+                checkpoint(done)
+    except BaseException:
+        # Keep what was learned: the last finished step goes to disk before we stop.
+        if step > start:
+            checkpoint(step)
+        raise
+    finally:
+        log.close()
+        bar.close()
+    checkpoint(cfg.steps)
+    final = held_out(None)
+    _write_plot(out)
+    return {"out": str(out), "steps": cfg.steps, "valid_bpc": final, "model": model,
+            "corpus": corpus, "seconds": time.perf_counter() - t0, "device": str(device)}
+
+
+# bf16 dense tensor-core peaks (TFLOP/s) from the vendors' data sheets.
+_PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
+          ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("RTX 4090", 165.0)]
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The bf16 dense peak of a GPU by its name, or None when we do not know it."""
+    for key, tflops in _PEAKS:
+        if key.lower() in device_name.lower():
+            return tflops
+    return None
+
+
+def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int = 20,
+          warmup: int = 5, device: str = "auto", compile: bool = False,
+          peak: float | None = None) -> dict:
+    """Training throughput (forward, backward, AdamW step) in tokens/s, and MFU on CUDA."""
+    dev = resolve_device(device)
+    torch.manual_seed(0)
+    model = CharTransformer(model_cfg).to(dev)
+    fwd = torch.compile(model) if compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    T = model_cfg.block_size
+    x = torch.randint(0, model_cfg.vocab_size, (batch_size, T), device=dev)
+
+    def step():
+        with autocast(dev):
+            loss = F.cross_entropy(fwd(x).float().flatten(0, 1), x.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    tokens_per_s = steps * batch_size * T / secs
+    n_params = sum(p.numel() for p in model.parameters())
+    c = model_cfg
+    # 6N per token for the weights (forward + backward) plus 12 L T C for attention scores.
+    flops_per_token = 6 * n_params + 12 * c.n_layer * T * c.d_model
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    peak = peak if peak is not None else (peak_tflops(name) if dev.type == "cuda" else None)
+    mfu = flops_per_token * tokens_per_s / (peak * 1e12) if peak else None
+    return {"device": name, "params": n_params, "tokens_per_s": tokens_per_s,
+            "tflops": flops_per_token * tokens_per_s / 1e12, "peak_tflops": peak, "mfu": mfu,
+            "batch_size": batch_size, "block_size": T, "steps": steps, "compile": compile}
+
+
+def with_overrides(cfg, **overrides):
+    """A copy of a dataclass config with the non-None overrides applied (validated again)."""
+    names = {f.name for f in fields(cfg)}
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None and k in names})
