@@ -209,6 +209,8 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     if resume and not ckpt_path.exists():
         raise ValueError(f"--resume: there is no checkpoint at {ckpt_path} to resume from")
     device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
     corpus = load_corpus(cfg.corpus)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -267,20 +269,21 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            running, n_run = running + loss.item() / math.log(2), n_run + 1
+            running, n_run = running + loss.detach(), n_run + 1  # no GPU sync per step
             done = step + 1
             valid = held_out(cfg.eval_batches) if done % cfg.eval_every == 0 else None
             if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
                 now = time.perf_counter()
+                train_bpc = running.item() / n_run / math.log(2)
                 writer.writerow({
-                    "step": done, "train_bpc": f"{running / n_run:.4f}",
+                    "step": done, "train_bpc": f"{train_bpc:.4f}",
                     "valid_bpc": "" if valid is None else f"{valid:.4f}",
                     "lr": f"{lr_at(step, cfg):.3e}",
                     "tokens_per_s": f"{n_run * tokens_per_step / (now - t_log):.0f}",
                     "elapsed_s": f"{now - t0:.1f}",
                 })
                 log.flush()
-                bar.set_postfix(train_bpc=f"{running / n_run:.3f}",
+                bar.set_postfix(train_bpc=f"{train_bpc:.3f}",
                                 **({} if valid is None else {"valid_bpc": f"{valid:.3f}"}))
                 running, n_run, t_log = 0.0, 0, now
             if done % cfg.ckpt_every == 0:

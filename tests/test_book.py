@@ -110,3 +110,17 @@ def test_environment_yml_matches_pyproject_and_makefile():
     assert set(extras.split(",")) == set(project["optional-dependencies"])
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert Requirement("python" + project["requires-python"]).specifier.contains(python[7:] + ".0")
+
+
+@pytest.mark.parametrize("side", ["book/{}.md", "nbs/{}.ipynb"])
+def test_jupyterlab_opens_either_side_of_each_pair(side):
+    """JupyterLab's jupytext contents manager refuses pairs that are out of step."""
+    try:
+        from jupytext.sync_contentsmanager import TextFileContentsManager
+    except ImportError:  # jupytext before 1.17
+        from jupytext.contentsmanager import TextFileContentsManager
+
+    cm = TextFileContentsManager(root_dir=str(ROOT))
+    for md in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        model = cm.get(side.format(md.stem), content=True)
+        assert model["type"] == "notebook" and model["content"]["cells"]
