@@ -144,6 +144,9 @@ class CharTransformerConfig:
             raise ValueError(f"pos={self.pos!r} is unknown; expected one of {POSITIONS}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.pos == "sinusoid" and self.d_model % 2:
+            raise ValueError(f"pos='sinusoid' needs an even d_model (sin and cos halves), "
+                             f"got {self.d_model}")
 
     @property
     def d_head(self) -> int:
@@ -207,10 +210,12 @@ class CharTransformer(nn.Module):
 
 
 def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """[T, T]: entry (i, j) is max |d output_i / d embedding_j| for tokens [T].
+    """[T, T]: how much output i depends on input j, for tokens [T].
 
-    A causal model's matrix is exactly zero above the diagonal. The model must
-    embed its input with a module named `tok`.
+    Entry (i, j) is the largest |gradient| of a fixed random projection of the
+    logits at i with respect to the embedding of token j. A causal model's
+    matrix is exactly zero above the diagonal. The model must embed its input
+    with a module named `tok`.
     """
     captured = {}
 
@@ -222,11 +227,12 @@ def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     model.eval()  # dropout off: we want the function, not a random draw of it
     handle = model.tok.register_forward_hook(make_leaf)
     try:
-        out = model(tokens[None])  # (1, T, V)
+        out = model(tokens[None].to(model.tok.weight.device))  # (1, T, V)
     finally:
         handle.remove()
         model.train(was_training)
     probe = torch.randn(out.size(-1), generator=torch.Generator().manual_seed(0))
+    probe = probe.to(out.device, out.dtype)
     rows = []
     for i in range(tokens.numel()):
         (grad,) = torch.autograd.grad((out[0, i] * probe).sum(), captured["x"], retain_graph=True)
@@ -241,20 +247,24 @@ def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int, batch_si
     n = (len(data) - 1) // seq_len
     if n < 1:
         raise ValueError(f"data has {len(data)} bytes, fewer than one window of seq_len={seq_len}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
     device = next(model.parameters()).device
     x = data[: n * seq_len].long().view(n, seq_len)  # (N, T)
     y = data[1 : n * seq_len + 1].long().view(n, seq_len)
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for b, start in enumerate(range(0, n, batch_size)):
-        if max_batches is not None and b >= max_batches:
-            break
-        xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
-        logits = model(xb).float()  # (B, T, V)
-        total += F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum").item()
-        count += yb.numel()
-    model.train(was_training)
+    try:
+        for b, start in enumerate(range(0, n, batch_size)):
+            if max_batches is not None and b >= max_batches:
+                break
+            xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
+            logits = model(xb).float()  # (B, T, V)
+            total += F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum").item()
+            count += yb.numel()
+    finally:
+        model.train(was_training)
     return total / count / math.log(2)
 
 
@@ -264,18 +274,24 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, *, temperature:
     """Extend prompt [T] by n_new sampled tokens; returns [T + n_new]. Context is cut to block_size."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None for no cut), got {top_k}")
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty: the model needs at least one token to start")
     block_size = model.config.block_size
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     tokens = prompt.long().view(1, -1).to(device)  # (1, T)
-    for _ in range(n_new):
-        logits = model(tokens[:, -block_size:])[:, -1].float() / temperature  # (1, V)
-        if top_k is not None:
-            kth = logits.topk(min(top_k, logits.size(-1))).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = logits.softmax(dim=-1)
-        nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)  # (1, 1)
-        tokens = torch.cat([tokens, nxt], dim=1)
-    model.train(was_training)
+    try:
+        for _ in range(n_new):
+            logits = model(tokens[:, -block_size:])[:, -1].float() / temperature  # (1, V)
+            if top_k is not None:
+                kth = logits.topk(min(top_k, logits.size(-1))).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = logits.softmax(dim=-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)  # (1, 1)
+            tokens = torch.cat([tokens, nxt], dim=1)
+    finally:
+        model.train(was_training)
     return tokens[0]

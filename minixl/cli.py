@@ -40,6 +40,8 @@ def _configs(args) -> tuple[CharTransformerConfig, T.TrainConfig]:
 
 def cmd_train(args) -> None:
     model_cfg, cfg = _configs(args)
+    if args.sample_len and not args.prompt:
+        raise ValueError("--prompt must not be empty when a sample is asked for (--sample-len)")
     result = T.train(model_cfg, cfg, resume=args.resume, overwrite=args.overwrite,
                      progress=not args.no_progress)
     model = result["model"]
@@ -58,8 +60,6 @@ def cmd_sample(args) -> None:
     model = T.model_from_checkpoint(args.checkpoint).to(device)
     gen = torch.Generator().manual_seed(args.seed)
     prompt = encode(args.prompt)
-    if len(prompt) == 0:
-        raise ValueError("--prompt must not be empty: the model needs at least one byte to start")
     with T.autocast(device):
         out = generate(model, prompt, args.n, temperature=args.temperature, top_k=args.top_k,
                        generator=gen)

@@ -18,6 +18,7 @@ Corpora:
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -127,7 +128,7 @@ def download(url: str, dest: Path, *, size: int, sha256: str, timeout: float = 6
         if got != sha256:
             raise DownloadError(f"{url}: SHA-256 is {got}, expected {sha256}; refusing to use it.")
         os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
         raise DownloadError(
             f"could not download {url} ({err}). If this machine is offline, fetch that URL "
             f"elsewhere and place the file at {dest} (it must be {size:,} bytes with "
@@ -159,6 +160,10 @@ def fetch_corpus(spec: CorpusSpec, *, root: Path | None = None) -> Path:
         os.replace(tmp, raw)
     except KeyError as err:
         raise DownloadError(f"{zpath} has no member {spec.member!r}") from err
+    except zipfile.BadZipFile as err:
+        zpath.unlink(missing_ok=True)
+        raise DownloadError(f"{zpath} is not a valid zip file ({err}); it was removed, "
+                            "try again") from err
     finally:
         tmp.unlink(missing_ok=True)
     return raw
@@ -228,6 +233,8 @@ def stream_batches(data: torch.Tensor, batch_size: int, seg_len: int
     recurrence (Transformer-XL) needs. Yields x, y [B, seg_len]; the last
     segment may be shorter.
     """
+    if batch_size < 1 or seg_len < 1:
+        raise ValueError(f"batch_size and seg_len must be positive, got {batch_size} and {seg_len}")
     n = (len(data) - 1) // batch_size
     if n < 1:
         raise ValueError(f"data has {len(data)} bytes, too few for {batch_size} streams")

@@ -12,6 +12,7 @@ import contextlib
 import csv
 import math
 import os
+import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -60,6 +61,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.warmup < 0 or not 0.0 <= self.min_lr_frac <= 1.0:
+            raise ValueError(f"need warmup >= 0 and 0 <= min_lr_frac <= 1, got {self.warmup} "
+                             f"and {self.min_lr_frac}")
+        if self.eval_batches is not None and self.eval_batches < 1:
+            raise ValueError(f"eval_batches must be positive or None, got {self.eval_batches}")
 
 
 # name -> (model sizes, training settings). tiny: a few CPU minutes; small: a
@@ -212,6 +218,12 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     corpus = load_corpus(cfg.corpus)
+    for split in ("train", "valid"):
+        if len(getattr(corpus, split)) <= model_cfg.block_size:
+            raise ValueError(f"the {split} split of {corpus.name!r} has "
+                             f"{len(getattr(corpus, split))} bytes, too few for windows of "
+                             f"block_size={model_cfg.block_size}; use more text or a smaller "
+                             "--block-size")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = CharTransformer(model_cfg).to(device)
@@ -228,7 +240,12 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["sampler_rng"])
         torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt.get("cuda_rng"):
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
         start = ckpt["step"]
+        if start >= cfg.steps:
+            raise ValueError(f"{ckpt_path} has already trained {start} steps; pass a --steps "
+                             f"larger than {start} to train further")
         _trim_metrics(out / METRICS, start)
     out.mkdir(parents=True, exist_ok=True)
     fwd = torch.compile(model) if cfg.compile else model  # save `model`: no _orig_mod. prefix
@@ -239,6 +256,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             "optimizer": opt.state_dict(), "model_config": asdict(model_cfg),
             "train_config": asdict(cfg), "sampler_rng": gen.get_state(),
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
         })
 
     def held_out(max_batches: int | None) -> float:
@@ -253,7 +271,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
         writer.writeheader()
     tokens_per_step = cfg.batch_size * model_cfg.block_size
     t0, t_log, running, n_run = time.perf_counter(), time.perf_counter(), 0.0, 0
-    step = start
+    completed = start  # optimiser steps whose update is in the weights
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                desc=f"train {out.name}", dynamic_ncols=True)
     try:
@@ -269,8 +287,8 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
+            completed = done = step + 1
             running, n_run = running + loss.detach(), n_run + 1  # no GPU sync per step
-            done = step + 1
             valid = held_out(cfg.eval_batches) if done % cfg.eval_every == 0 else None
             if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
                 now = time.perf_counter()
@@ -290,8 +308,8 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                 checkpoint(done)
     except BaseException:
         # Keep what was learned: the last finished step goes to disk before we stop.
-        if step > start:
-            checkpoint(step)
+        if completed > start:
+            checkpoint(completed)
         raise
     finally:
         log.close()
@@ -311,7 +329,7 @@ _PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 9
 def peak_tflops(device_name: str) -> float | None:
     """The bf16 dense peak of a GPU by its name, or None when we do not know it."""
     for key, tflops in _PEAKS:
-        if key.lower() in device_name.lower():
+        if re.search(r"(^|\W)" + re.escape(key) + r"($|\W)", device_name, re.IGNORECASE):
             return tflops
     return None
 
@@ -347,9 +365,11 @@ def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int 
     secs = time.perf_counter() - t0
     tokens_per_s = steps * batch_size * T / secs
     n_params = sum(p.numel() for p in model.parameters())
+    n_matmul = n_params - (model.pos.numel() if model.pos is not None else 0)  # tables are adds
     c = model_cfg
-    # 6N per token for the weights (forward + backward) plus 12 L T C for attention scores.
-    flops_per_token = 6 * n_params + 12 * c.n_layer * T * c.d_model
+    # 6N per token for the weights (forward + backward) plus 12 L T C for the attention
+    # scores, counted in full (the PaLM convention) although a causal kernel skips half.
+    flops_per_token = 6 * n_matmul + 12 * c.n_layer * T * c.d_model
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     peak = peak if peak is not None else (peak_tflops(name) if dev.type == "cuda" else None)
     mfu = flops_per_token * tokens_per_s / (peak * 1e12) if peak else None

@@ -1,8 +1,9 @@
-"""pytest plugin for nbval runs over the chapters: each chapter's CPU budget.
+"""pytest plugin for nbval runs over the chapters: each chapter's time budget.
 
-Hand-written. Sums the time nbval spends on every cell of a notebook (kernel
-start included) and fails the session when a chapter runs over its budget,
-180 s by default (set MINIXL_CHAPTER_BUDGET_S to change it).
+Hand-written. Sums the wall-clock time nbval spends on every cell of a notebook
+(kernel start included) and fails the session when a chapter runs over its
+budget, 180 s by default (set MINIXL_CHAPTER_BUDGET_S to change it). On the
+2-core CPU the book targets, wall time is the budget that matters to a reader.
 """
 
 import os

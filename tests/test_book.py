@@ -124,3 +124,10 @@ def test_jupyterlab_opens_either_side_of_each_pair(side):
     for md in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
         model = cm.get(side.format(md.stem), content=True)
         assert model["type"] == "notebook" and model["content"]["cells"]
+
+
+def test_book_check_fails_on_a_stray_generated_module(repo_copy):
+    src = (repo_copy / "minixl" / "char_transformer.py").read_text()
+    (repo_copy / "minixl" / "old_chapter.py").write_text(src)
+    r = book_check(repo_copy)
+    assert r.returncode == 1 and "old_chapter.py is generated but no chapter exports it" in r.stderr

@@ -83,6 +83,7 @@ def test_sequence_longer_than_positional_table_is_refused():
     (dict(pos="rope"), "pos='rope' is unknown"),
     (dict(n_layer=0), "n_layer must be a positive"),
     (dict(dropout=1.0), "dropout"),
+    (dict(d_model=33, n_head=3, pos="sinusoid"), "even d_model"),
 ])
 def test_config_errors(bad, msg):
     with pytest.raises(ValueError, match=msg):
@@ -118,6 +119,14 @@ def test_generate_extends_prompt_and_crops_context():
     assert out.shape == (35,) and torch.equal(out[:5], torch.arange(5))
     again = generate(m, torch.arange(5), 30, generator=torch.Generator().manual_seed(0))
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(top_k=0), "top_k"), (dict(temperature=0), "temperature")])
+def test_generate_rejects_bad_settings(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        generate(model(), torch.arange(3), 2, **kw)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        generate(model(), torch.arange(0), 2)
 
 
 def test_generate_top_k_one_is_greedy():

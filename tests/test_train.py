@@ -47,6 +47,8 @@ def test_existing_run_needs_resume_or_overwrite(tmp_path):
         T.train(MODEL, cfg(tmp_path, steps=4), progress=False)
     with pytest.raises(ValueError, match="no checkpoint at"):
         T.train(MODEL, cfg(tmp_path / "none"), resume=True, progress=False)
+    with pytest.raises(ValueError, match="already trained 4 steps"):
+        T.train(MODEL, cfg(tmp_path, steps=4), resume=True, progress=False)
     other = CharTransformerConfig(n_layer=1, d_model=32, n_head=4, d_inner=64, block_size=32)
     with pytest.raises(T.CheckpointError, match="same preset and flags"):
         T.train(other, cfg(tmp_path, steps=8), resume=True, progress=False)
@@ -105,6 +107,14 @@ def test_atomic_save_leaves_old_checkpoint_when_saving_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
 
 
+def test_corpus_too_short_for_the_window_fails_before_training(tmp_path):
+    f = tmp_path / "short.txt"
+    f.write_bytes(b"x" * 400)  # valid split: 20 bytes, less than block_size=32
+    with pytest.raises(ValueError, match="valid split .* too few for windows"):
+        T.train(MODEL, cfg(tmp_path, corpus=str(f)), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def test_lr_schedule_edges():
     c = T.TrainConfig(steps=100, warmup=10, lr=1.0, min_lr_frac=0.1)
     assert T.lr_at(0, c) == pytest.approx(0.1)
@@ -129,6 +139,8 @@ def test_peak_table_knows_hopper_and_admits_ignorance():
     assert T.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
     assert T.peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert T.peak_tflops("NVIDIA H200") == 989.0
+    assert T.peak_tflops("NVIDIA L40") is None  # not the L4, not the L40S
+    assert T.peak_tflops("NVIDIA L4") == 121.0
     assert T.peak_tflops("Some Future GPU") is None
 
 
