@@ -22,7 +22,7 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     if not _spent:
         return
-    terminalreporter.section("chapter CPU budget")
+    terminalreporter.section("chapter time budget (wall clock)")
     for path, secs in sorted(_spent.items()):
         verdict = "ok" if secs <= BUDGET_S else "OVER BUDGET"
         terminalreporter.write_line(f"{path}: {secs:.1f} s of {BUDGET_S:.0f} s  {verdict}")
