@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cmd, rest = (argv[0], argv[1:]) if argv else ("", [])
     if cmd == "export":
-        export()
+        for p in export():
+            print("warning:", p, file=sys.stderr)
         return 0
     if cmd == "check":
         problems = check_pairs() + export(check=True)

@@ -25,7 +25,7 @@ from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_b
 from .data import load_corpus, random_windows
 
 __all__ = [
-    "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train",
+    "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
     "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
@@ -120,6 +120,21 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     floor = cfg.lr * cfg.min_lr_frac
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_step(fwd, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+               y: torch.Tensor, device: torch.device,
+               grad_clip: float | None = None) -> torch.Tensor:
+    """One optimiser step on next-byte targets y [B, T]; returns the detached loss (nats)."""
+    with autocast(device):
+        logits = fwd(x)  # (B, T, V)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return loss.detach()
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -280,15 +295,9 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                 group["lr"] = lr_at(step, cfg)
             x, y = random_windows(corpus.train, cfg.batch_size, model_cfg.block_size, generator=gen)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with autocast(device):
-                logits = fwd(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            loss = train_step(fwd, model, opt, x, y, device, cfg.grad_clip)
             completed = done = step + 1
-            running, n_run = running + loss.detach(), n_run + 1  # no GPU sync per step
+            running, n_run = running + loss, n_run + 1  # a tensor: no GPU sync per step
             valid = held_out(cfg.eval_batches) if done % cfg.eval_every == 0 else None
             if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
                 now = time.perf_counter()
@@ -347,11 +356,7 @@ def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int 
     x = torch.randint(0, model_cfg.vocab_size, (batch_size, T), device=dev)
 
     def step():
-        with autocast(dev):
-            loss = F.cross_entropy(fwd(x).float().flatten(0, 1), x.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(fwd, model, opt, x, x, dev)
 
     for _ in range(warmup):
         step()
