@@ -6,6 +6,15 @@ from are generated from the chapters (see each module's header), except
 """
 
 from . import check, data
+from .aux_losses import (
+    AuxLossConfig,
+    AuxLosses,
+    evaluate_bpc_sliding,
+    intermediate_weight,
+    layer_weights,
+    next_byte_loss,
+    sliding_windows,
+)
 from .char_transformer import (
     Block,
     CharTransformer,
@@ -23,6 +32,8 @@ from .char_transformer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuxLossConfig", "AuxLosses", "evaluate_bpc_sliding", "intermediate_weight", "layer_weights",
+    "next_byte_loss", "sliding_windows",
     "Block", "CharTransformer", "CharTransformerConfig", "MultiHeadAttention", "attention",
     "attention_weights", "causal_mask", "check", "data", "evaluate_bpc", "generate",
     "leakage_matrix", "sinusoid_positions",

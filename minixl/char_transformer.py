@@ -205,8 +205,12 @@ class CharTransformer(nn.Module):
                 x = x + self.pos[layer, :T]  # this layer's own positions, (T, C)
             x = block(x)
             hidden.append(x)
-        logits = self.head(self.ln_f(x))  # (B, T, V)
+        logits = self.readout(x)  # (B, T, V)
         return (logits, hidden) if return_hidden else logits
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """Next-byte logits [B, T, V] from hidden states [B, T, C] (final norm, tied head)."""
+        return self.head(self.ln_f(h))
 
 
 def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

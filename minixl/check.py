@@ -15,11 +15,14 @@ from typing import Callable
 
 import torch
 
+from .aux_losses import intermediate_weight as _ref_weight
+from .aux_losses import sliding_windows as _ref_windows
 from .char_transformer import attention as _ref_attention
 from .char_transformer import causal_mask as _ref_causal_mask
 from .char_transformer import sinusoid_positions as _ref_sinusoid
 
-__all__ = ["causal_mask", "attention", "sinusoid_positions"]
+__all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
+           "sliding_windows"]
 
 
 def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
@@ -127,3 +130,69 @@ def sinusoid_positions(fn: Callable[..., torch.Tensor]) -> bool:
             return _verdict("sinusoid_positions", f"for length={length}, d_model={d}: {hint}",
                             len(cases))
     return _verdict("sinusoid_positions", None, len(cases))
+
+
+def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
+    """Check fn(layer, n_layer, progress) against Chapter 2's intermediate layer schedule."""
+    cases = [(l, n, p) for n in (2, 4, 16) for l in range(1, n)
+             for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.5, 1.0)]
+    for layer, n, p in cases:
+        got, err = _call(fn, layer, n, p)
+        if err:
+            return _verdict("intermediate_weight", err, len(cases))
+        want = _ref_weight(layer, n, p)
+        try:
+            ok = abs(float(got) - want) < 1e-6
+        except (TypeError, ValueError):
+            return _verdict("intermediate_weight", f"expected a number, got {got!r}", len(cases))
+        if ok:
+            continue
+        stop = layer / (2 * n)
+        if float(got) == 0.0 and want > 0:
+            hint = (f"the loss is switched off too early (expected {want:.4f}); with integer "
+                    "division l // (2n) is 0 for every layer: use real division")
+        elif p == 0.0:
+            hint = f"at the start of training the weight of layer {layer} of {n} is {layer}/{n}"
+        elif p < stop:
+            hint = f"before its stop at {stop:g} the weight fades linearly; expected {want:.4f}"
+        else:
+            hint = f"from progress l/(2n) = {stop:g} on the weight is 0"
+        return _verdict("intermediate_weight", f"for layer={layer}, n_layer={n}, progress={p:g} "
+                        f"you return {got!r}: {hint}.", len(cases))
+    return _verdict("intermediate_weight", None, len(cases))
+
+
+def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
+    """Check fn(n, seq_len, stride) -> [(start, n_scored), ...] scores bytes 1..n-1 once each."""
+    cases = [(2, 4, 1), (11, 4, 1), (11, 4, 3), (11, 4, 4), (50, 8, 5), (9, 16, 2)]
+    for n, L, stride in cases:
+        got, err = _call(fn, n, L, stride)
+        if err:
+            return _verdict("sliding_windows", err, len(cases))
+        where = f"for n={n}, seq_len={L}, stride={stride}"
+        try:
+            windows = [(int(s), int(k)) for s, k in got]
+        except (TypeError, ValueError):
+            return _verdict("sliding_windows", f"{where}: expected a list of (start, n_scored) "
+                            f"pairs, got {got!r}", len(cases))
+        width = min(L, n - 1)
+        scored = []
+        for start, k in windows:
+            if start < 0 or start + width > n - 1 or not 1 <= k <= width:
+                return _verdict("sliding_windows", f"{where}: window ({start}, {k}) does not fit: "
+                                f"a window reads data[start:start + {width}] and needs its "
+                                "targets inside the data", len(cases))
+            scored += range(start + width - k + 1, start + width + 1)
+        missing = sorted(set(range(1, n)) - set(scored))
+        twice = sorted({t for t in scored if scored.count(t) > 1})
+        if missing or twice:
+            problem = (f"bytes {missing[:5]} are never scored" if missing
+                       else f"bytes {twice[:5]} are scored more than once")
+            return _verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
+                            "scored exactly once", len(cases))
+        if windows != _ref_windows(n, L, stride):
+            return _verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
+                            f"the book's windows {_ref_windows(n, L, stride)}: the first window "
+                            "scores all its positions, each later one starts `stride` bytes on",
+                            len(cases))
+    return _verdict("sliding_windows", None, len(cases))

@@ -10,7 +10,8 @@ import sys
 import torch
 
 from . import train as T
-from .char_transformer import CharTransformerConfig, evaluate_bpc, generate
+from .aux_losses import evaluate_bpc_sliding
+from .char_transformer import CharTransformerConfig, generate
 from .data import DownloadError, decode, encode, load_corpus
 
 __all__ = ["main"]
@@ -33,7 +34,8 @@ def _configs(args) -> tuple[CharTransformerConfig, T.TrainConfig]:
     model_cfg, train_cfg = T.preset(args.preset)
     model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in MODEL_FLAGS})
     train_over = {k: getattr(args, k, None) for k in
-                  ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed")}
+                  ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed",
+                   "aux_losses", "aux_targets")}
     return model_cfg, T.with_overrides(train_cfg, device=args.device, compile=args.compile,
                                        **train_over)
 
@@ -73,11 +75,24 @@ def cmd_eval(args) -> None:
     corpus_name = args.corpus or ckpt["train_config"]["corpus"]
     corpus = load_corpus(corpus_name)
     data = getattr(corpus, args.split)
+    if args.max_bytes is not None:
+        if args.max_bytes < 2:
+            raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
+        data = data[:args.max_bytes]
     seq_len = args.seq_len or model.config.block_size
+    if seq_len > model.config.block_size:
+        raise ValueError(f"--seq-len {seq_len} is longer than the model's block_size "
+                         f"{model.config.block_size}")
+    if args.stride is not None and args.protocol != "sliding":
+        raise ValueError("--stride applies to --protocol sliding only")
+    stride = seq_len if args.protocol == "all-positions" else (args.stride or 1)
     with T.autocast(device):
-        bpc = evaluate_bpc(model, data, seq_len=seq_len, batch_size=args.batch_size)
+        bpc = evaluate_bpc_sliding(model, data, seq_len=seq_len, stride=stride,
+                                   batch_size=args.batch_size)
+    how = ("all positions of non-overlapping windows" if stride == seq_len else
+           f"sliding window, last {stride} position{'s' * (stride > 1)} of each window")
     print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes, windows of {seq_len}, "
-          "all positions scored)")
+          f"{how})")
 
 
 def cmd_bench(args) -> None:
@@ -109,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, help="held-out bpc every N steps")
     t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps")
     t.add_argument("--seed", type=int)
+    t.add_argument("--aux-losses", help="Chapter 2's losses: comma-separated positions, "
+                   "layers[=W], targets[=W], or none (default: positions)")
+    t.add_argument("--aux-targets", type=int, help="extra bytes ahead predicted by 'targets' "
+                   "(default 1)")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     t.add_argument("--overwrite", action="store_true", help="start again over an existing run")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -131,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--corpus", help="default: the corpus it was trained on")
     e.add_argument("--split", choices=["valid", "test"], default="valid")
     e.add_argument("--seq-len", type=int, help="window length (default: block_size)")
-    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--protocol", choices=["all-positions", "sliding"], default="all-positions",
+                   help="all-positions: every position of non-overlapping windows (fast); "
+                   "sliding: the paper's one prediction per window (seq-len times slower)")
+    e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
+    e.add_argument("--max-bytes", type=int, help="evaluate only the first N bytes of the split")
+    e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--device", default="auto")
     e.set_defaults(func=cmd_eval)
 

@@ -2,8 +2,9 @@
 
 Hand-written (not generated). The models come from the chapters; this module
 adds what a long run needs: presets, a cosine schedule with warm-up, bf16
-autocast and optional torch.compile on CUDA, periodic held-out bpc, a metrics
-CSV and loss-curve PNG, atomic checkpoints and resume.
+autocast and optional torch.compile on CUDA, Chapter 2's auxiliary losses,
+periodic held-out bpc, a metrics CSV and loss-curve PNG, atomic checkpoints
+and resume.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc, generate
+from .aux_losses import AuxLossConfig, AuxLosses, next_byte_loss
+from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
 from .data import load_corpus, random_windows
 
 __all__ = [
     "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
-    "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
+    "parse_aux_losses", "make_objective", "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
 CHECKPOINT = "checkpoint.pt"
@@ -54,6 +55,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     compile: bool = False
+    aux_losses: str = "positions"
+    aux_targets: int = 1
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
@@ -66,6 +69,43 @@ class TrainConfig:
                              f"and {self.min_lr_frac}")
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"eval_batches must be positive or None, got {self.eval_batches}")
+        parse_aux_losses(self.aux_losses, self.aux_targets)  # fail early on a bad spec
+
+
+AUX_NAMES = ("positions", "layers", "targets")
+
+
+def parse_aux_losses(spec: str, targets: int = 1) -> AuxLossConfig:
+    """'positions,layers=0.5,targets' -> AuxLossConfig; 'none' = the last position only.
+
+    layers=W scales the intermediate layer losses (default 1), targets=W weighs each of the
+    `targets` extra classifiers (default 0.5); positions takes no weight.
+    """
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if items == ["none"]:
+        items = []
+    kw: dict = {"positions": False}
+    for item in items:
+        name, _, weight = item.partition("=")
+        if name not in AUX_NAMES:
+            raise ValueError(f"unknown auxiliary loss {name!r} in {spec!r}: expected a comma-"
+                             f"separated list of {', '.join(AUX_NAMES)} (or 'none')")
+        if name == "positions":
+            if weight:
+                raise ValueError("'positions' takes no weight: it is the main loss at every position")
+            kw["positions"] = True
+            continue
+        try:
+            w = float(weight) if weight else (1.0 if name == "layers" else 0.5)
+        except ValueError:
+            raise ValueError(f"the weight of {name!r} in {spec!r} is not a number: {weight!r}")
+        if name == "layers":
+            kw["layers"] = w
+        else:
+            kw.update(targets=targets, target_weight=w)
+    if targets < 1:
+        raise ValueError(f"--aux-targets must be at least 1, got {targets}")
+    return AuxLossConfig(**kw)
 
 
 # name -> (model sizes, training settings). tiny: a few CPU minutes; small: a
@@ -122,19 +162,33 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train_step(fwd, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor, device: torch.device,
-               grad_clip: float | None = None) -> torch.Tensor:
-    """One optimiser step on next-byte targets y [B, T]; returns the detached loss (nats)."""
+def make_objective(fwd, model: torch.nn.Module, aux: AuxLosses):
+    """objective(x, y, progress) -> dict of losses (nats): aux's parts plus 'next_byte'.
+
+    fwd is the model or its compiled twin; 'next_byte' is the last layer's loss at every
+    position, logged whatever the objective trains on.
+    """
+    def objective(x: torch.Tensor, y: torch.Tensor, progress: float) -> dict:
+        logits, hidden = fwd(x, return_hidden=True)  # (B, T, V), n_layer x (B, T, C)
+        parts = aux(logits, hidden, y, progress=progress, readout=model.readout)
+        parts["next_byte"] = next_byte_loss(logits.detach(), y)
+        return parts
+
+    return objective
+
+
+def train_step(objective, params: list, opt: torch.optim.Optimizer, x: torch.Tensor,
+               y: torch.Tensor, device: torch.device, grad_clip: float | None = None,
+               progress: float = 0.0) -> dict:
+    """One optimiser step on next-byte targets y [B, T]; returns the detached losses (nats)."""
     with autocast(device):
-        logits = fwd(x)  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        parts = objective(x, y, progress)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    parts["loss"].backward()
     if grad_clip is not None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
     opt.step()
-    return loss.detach()
+    return {k: v.detach() for k, v in parts.items()}
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -214,7 +268,12 @@ def _trim_metrics(path: Path, step: int) -> None:
         w.writerows(r for r in rows if int(r["step"]) <= step)
 
 
-_COLUMNS = ["step", "train_bpc", "valid_bpc", "lr", "tokens_per_s", "elapsed_s"]
+# train_bpc: the last layer's next-byte loss at every position; loss: what was optimised;
+# aux_layers, aux_targets: its weighted auxiliary parts. All in bits per byte.
+_COLUMNS = ["step", "train_bpc", "valid_bpc", "loss", "aux_layers", "aux_targets", "lr",
+            "tokens_per_s", "elapsed_s"]
+_LOGGED = {"train_bpc": "next_byte", "loss": "loss", "aux_layers": "layers",
+           "aux_targets": "targets"}
 
 
 def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = False,
@@ -242,8 +301,10 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = CharTransformer(model_cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                            betas=(0.9, 0.95))
+    aux = AuxLosses(parse_aux_losses(cfg.aux_losses, cfg.aux_targets), n_layer=model_cfg.n_layer,
+                    d_model=model_cfg.d_model, vocab_size=model_cfg.vocab_size).to(device)
+    params = list(model.parameters()) + list(aux.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     start = 0
     if resume:
         ckpt = load_checkpoint(ckpt_path)
@@ -251,7 +312,12 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             raise CheckpointError(f"{ckpt_path} holds a model of config {ckpt['model_config']}, "
                                   f"not the {asdict(model_cfg)} asked for; resume with the "
                                   "same preset and flags")
+        old_aux = (ckpt["train_config"].get("aux_losses"), ckpt["train_config"].get("aux_targets"))
+        if old_aux != (cfg.aux_losses, cfg.aux_targets):
+            raise CheckpointError(f"{ckpt_path} was trained with --aux-losses {old_aux[0]} "
+                                  f"--aux-targets {old_aux[1]}; resume with the same losses")
         model.load_state_dict(ckpt["model"])
+        aux.load_state_dict(ckpt["aux"])
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["sampler_rng"])
         torch.set_rng_state(ckpt["torch_rng"])
@@ -264,10 +330,12 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
         _trim_metrics(out / METRICS, start)
     out.mkdir(parents=True, exist_ok=True)
     fwd = torch.compile(model) if cfg.compile else model  # save `model`: no _orig_mod. prefix
+    objective = make_objective(fwd, model, aux)
 
     def checkpoint(step: int) -> None:
         save_checkpoint(ckpt_path, {
             "format": FORMAT, "step": step, "model": model.state_dict(),
+            "aux": aux.state_dict(),  # training-only heads: never needed to evaluate
             "optimizer": opt.state_dict(), "model_config": asdict(model_cfg),
             "train_config": asdict(cfg), "sampler_rng": gen.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -285,7 +353,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     if new_file:
         writer.writeheader()
     tokens_per_step = cfg.batch_size * model_cfg.block_size
-    t0, t_log, running, n_run = time.perf_counter(), time.perf_counter(), 0.0, 0
+    t0, t_log, running, n_run = time.perf_counter(), time.perf_counter(), {}, 0
     completed = start  # optimiser steps whose update is in the weights
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                desc=f"train {out.name}", dynamic_ncols=True)
@@ -295,15 +363,20 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                 group["lr"] = lr_at(step, cfg)
             x, y = random_windows(corpus.train, cfg.batch_size, model_cfg.block_size, generator=gen)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = train_step(fwd, model, opt, x, y, device, cfg.grad_clip)
+            parts = train_step(objective, params, opt, x, y, device, cfg.grad_clip,
+                               progress=step / cfg.steps)
             completed = done = step + 1
-            running, n_run = running + loss, n_run + 1  # a tensor: no GPU sync per step
+            for key, value in parts.items():  # tensors: no GPU sync per step
+                running[key] = running.get(key, 0.0) + value
+            n_run += 1
             valid = held_out(cfg.eval_batches) if done % cfg.eval_every == 0 else None
             if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
                 now = time.perf_counter()
-                train_bpc = running.item() / n_run / math.log(2)
+                bits = {col: running[key].item() / n_run / math.log(2)
+                        for col, key in _LOGGED.items()}
+                train_bpc = bits["train_bpc"]
                 writer.writerow({
-                    "step": done, "train_bpc": f"{train_bpc:.4f}",
+                    "step": done, **{col: f"{b:.4f}" for col, b in bits.items()},
                     "valid_bpc": "" if valid is None else f"{valid:.4f}",
                     "lr": f"{lr_at(step, cfg):.3e}",
                     "tokens_per_s": f"{n_run * tokens_per_step / (now - t_log):.0f}",
@@ -312,7 +385,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                 log.flush()
                 bar.set_postfix(train_bpc=f"{train_bpc:.3f}",
                                 **({} if valid is None else {"valid_bpc": f"{valid:.3f}"}))
-                running, n_run, t_log = 0.0, 0, now
+                running, n_run, t_log = {}, 0, now
             if done % cfg.ckpt_every == 0:
                 checkpoint(done)
     except BaseException:
@@ -351,12 +424,14 @@ def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int 
     torch.manual_seed(0)
     model = CharTransformer(model_cfg).to(dev)
     fwd = torch.compile(model) if compile else model
+    objective = make_objective(fwd, model, AuxLosses(AuxLossConfig(), n_layer=model_cfg.n_layer,
+                                                     d_model=model_cfg.d_model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     T = model_cfg.block_size
     x = torch.randint(0, model_cfg.vocab_size, (batch_size, T), device=dev)
 
     def step():
-        train_step(fwd, model, opt, x, x, dev)
+        train_step(objective, list(model.parameters()), opt, x, x, dev)
 
     for _ in range(warmup):
         step()

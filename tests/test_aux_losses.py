@@ -1,0 +1,220 @@
+"""Chapter 2: auxiliary losses, their schedule, and the two evaluation protocols."""
+
+import csv
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minixl import (AuxLossConfig, AuxLosses, CharTransformer, CharTransformerConfig,
+                    evaluate_bpc, evaluate_bpc_sliding, intermediate_weight, layer_weights,
+                    next_byte_loss, sliding_windows)
+from minixl import cli
+from minixl import train as T
+
+SMALL = CharTransformerConfig(n_layer=3, d_model=32, n_head=2, d_inner=64, block_size=16)
+
+
+def ce(z, t):
+    return F.cross_entropy(z.flatten(0, 1), t.flatten())
+
+
+@pytest.mark.parametrize("n", [2, 4, 16, 64])
+def test_schedule_edges(n):
+    for l in range(1, n):
+        stop = l / (2 * n)
+        assert intermediate_weight(l, n, 0.0) == pytest.approx(l / n)
+        assert intermediate_weight(l, n, stop / 2) == pytest.approx(l / (2 * n))
+        assert intermediate_weight(l, n, stop * (1 - 1e-9)) > 0  # still on just before its stop
+        assert intermediate_weight(l, n, stop) == 0.0
+        assert intermediate_weight(l, n, 0.5) == 0.0 and intermediate_weight(l, n, 1.0) == 0.0
+    assert layer_weights(n, 0.5) == [0.0] * (n - 1) + [1.0] == layer_weights(n, 1.0)
+    weights = layer_weights(n, 0.1)
+    assert weights == sorted(weights)  # lower layers never weigh more
+
+
+def test_schedule_uses_real_division():
+    # Integer division would make l // (2n) = 0: every layer off from the first step.
+    assert intermediate_weight(1, 4, 0.1) == pytest.approx(0.25 * (1 - 0.1 / 0.125))
+
+
+@pytest.mark.parametrize("args", [(0, 4, 0.0), (4, 4, 0.0), (1, 4, -0.1), (1, 4, 1.5)])
+def test_schedule_rejects_bad_input(args):
+    with pytest.raises(ValueError):
+        intermediate_weight(*args)
+
+
+def setup_model(aux_cfg, seed=0):
+    torch.manual_seed(seed)
+    model = CharTransformer(SMALL)
+    aux = AuxLosses(aux_cfg, n_layer=SMALL.n_layer, d_model=SMALL.d_model)
+    x = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(seed))
+    y = torch.roll(x, -1, 1)
+    logits, hidden = model(x, return_hidden=True)
+    return model, aux, logits, hidden, y
+
+
+def test_multiple_targets_weigh_one_half():
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig(targets=2))
+    parts = aux(logits, hidden, y, progress=0.3, readout=model.readout)
+    h = hidden[-1]
+    want = sum(0.5 * ce(aux.target_heads[j - 1](h[:, :16 - j]), y[:, j:]) for j in (1, 2))
+    torch.testing.assert_close(parts["targets"], want)
+    torch.testing.assert_close(parts["loss"], ce(logits, y) + want)
+    other = AuxLosses(AuxLossConfig(targets=2, target_weight=0.25), n_layer=3, d_model=32)
+    other.load_state_dict(aux.state_dict())
+    torch.testing.assert_close(other(logits, hidden, y, progress=0.3,
+                                     readout=model.readout)["targets"], want / 2)
+
+
+def test_intermediate_layers_follow_the_schedule():
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig(layers=2.0))
+    for p in (0.0, 0.1, 0.2, 0.5):
+        parts = aux(logits, hidden, y, progress=p, readout=model.readout)
+        want = sum(2.0 * intermediate_weight(l, 3, p) * ce(model.readout(hidden[l - 1]), y)
+                   for l in (1, 2))
+        torch.testing.assert_close(parts["layers"], torch.as_tensor(want, dtype=torch.float32))
+    assert parts["layers"] == 0 and parts["loss"] == parts["final"]
+
+
+def test_last_position_only_and_defaults():
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig(positions=False))
+    parts = aux(logits, hidden, y, progress=0.0, readout=model.readout)
+    torch.testing.assert_close(parts["loss"], F.cross_entropy(logits[:, -1], y[:, -1]))
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig())
+    parts = aux(logits, hidden, y, progress=0.0, readout=model.readout)
+    torch.testing.assert_close(parts["loss"], ce(logits, y))
+    assert list(aux.parameters()) == []
+
+
+def test_gradients_reach_lower_layers_only_while_their_loss_is_on():
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig(layers=1.0))
+    # Gradient of the auxiliary part alone w.r.t. layer 1's output.
+    early = aux(logits, hidden, y, progress=0.0, readout=model.readout)["layers"]
+    assert torch.autograd.grad(early, hidden[0], retain_graph=True)[0].abs().sum() > 0
+    late = aux(logits, hidden, y, progress=0.4, readout=model.readout)["layers"]
+    assert not late.requires_grad or torch.autograd.grad(
+        late, hidden[0], allow_unused=True)[0] is None
+
+
+def test_works_with_any_model_exposing_hidden_states():
+    class TwoLayerMLP(nn.Module):  # causal: each position sees only its own byte
+        def __init__(self):
+            super().__init__()
+            self.emb, self.l1, self.l2 = nn.Embedding(256, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+            self.out = nn.Linear(8, 256)
+
+        def forward(self, x, *, return_hidden=False):
+            h1 = torch.tanh(self.l1(self.emb(x)))
+            h2 = torch.tanh(self.l2(h1))
+            return (self.readout(h2), [h1, h2]) if return_hidden else self.readout(h2)
+
+        def readout(self, h):
+            return self.out(h)
+
+    model = TwoLayerMLP()
+    aux = AuxLosses(AuxLossConfig(layers=1.0, targets=1), n_layer=2, d_model=8)
+    x = torch.randint(0, 256, (2, 5))
+    logits, hidden = model(x, return_hidden=True)
+    parts = aux(logits, hidden, x, progress=0.0, readout=model.readout)
+    parts["loss"].backward()
+    assert model.l1.weight.grad.abs().sum() > 0 and parts["layers"] > 0
+
+
+def test_aux_errors_are_clear():
+    model, aux, logits, hidden, y = setup_model(AuxLossConfig(layers=1.0))
+    with pytest.raises(ValueError, match="all 3 layers"):
+        aux(logits, hidden[:2], y, progress=0.0, readout=model.readout)
+    with pytest.raises(ValueError, match="targets"):
+        AuxLossConfig(targets=-1)
+    with pytest.raises(ValueError, match=">= 0"):
+        AuxLossConfig(layers=-1.0)
+    big = AuxLosses(AuxLossConfig(targets=16), n_layer=3, d_model=32)
+    with pytest.raises(ValueError, match="longer than 16"):
+        big(logits, hidden, y, progress=0.0, readout=model.readout)
+    with pytest.raises(ValueError, match="agree"):
+        next_byte_loss(logits, y[:, :3])
+
+
+@pytest.mark.parametrize("n,L,s", [(2, 4, 1), (5, 4, 1), (11, 4, 1), (11, 4, 3), (11, 4, 4),
+                                   (100, 7, 5), (9, 16, 2), (65, 64, 64), (200, 16, 1)])
+def test_sliding_windows_score_every_byte_exactly_once(n, L, s):
+    width = min(L, n - 1)
+    scored = [t for start, k in sliding_windows(n, L, s)
+              for t in range(start + width - k + 1, start + width + 1)]
+    assert sorted(scored) == list(range(1, n))  # each of bytes 1..n-1, once
+    assert all(start + width <= n - 1 for start, _ in sliding_windows(n, L, s))
+
+
+@pytest.mark.parametrize("args", [(1, 4, 1), (10, 4, 0), (10, 4, 5), (10, 0, 1)])
+def test_sliding_windows_reject_bad_input(args):
+    with pytest.raises(ValueError):
+        sliding_windows(*args)
+
+
+def test_batched_sliding_equals_the_definition_and_ignores_aux_heads():
+    torch.manual_seed(0)
+    model = CharTransformer(SMALL).eval()
+    data = torch.randint(0, 256, (57,), generator=torch.Generator().manual_seed(1)).to(torch.uint8)
+    with torch.no_grad():
+        nll = [F.cross_entropy(model(data[max(0, t - 16):t].long()[None])[0, -1], data[t].long())
+               for t in range(1, len(data))]
+    want = torch.stack(nll).mean().item() / math.log(2)
+    for batch in (7, 64):  # batches that split the windows unevenly, and one batch
+        got = evaluate_bpc_sliding(model, data, seq_len=16, stride=1, batch_size=batch)
+        assert got == pytest.approx(want, abs=1e-5)
+    # stride = seq_len on whole windows is Chapter 1's estimate
+    assert evaluate_bpc_sliding(model, data[:49], seq_len=16, stride=16) == pytest.approx(
+        evaluate_bpc(model, data[:49], seq_len=16), abs=1e-5)
+
+
+def test_parse_aux_losses_spec():
+    c = T.parse_aux_losses("positions,layers=0.5,targets", targets=2)
+    assert (c.positions, c.layers, c.targets, c.target_weight) == (True, 0.5, 2, 0.5)
+    assert T.parse_aux_losses("none") == AuxLossConfig(positions=False)
+    assert T.parse_aux_losses("positions") == AuxLossConfig()
+    assert T.parse_aux_losses("layers").positions is False
+    for bad, msg in [("position", "unknown auxiliary loss"), ("layers=x", "not a number"),
+                     ("positions=2", "no weight")]:
+        with pytest.raises(ValueError, match=msg):
+            T.parse_aux_losses(bad)
+
+
+def test_trainer_logs_parts_and_checkpoints_aux_heads_apart(tmp_path, capsys):
+    model_cfg = CharTransformerConfig(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=32)
+    cfg = T.TrainConfig(out=str(tmp_path / "run"), steps=8, batch_size=4, eval_every=4,
+                        ckpt_every=4, log_every=2, eval_batches=2, device="cpu",
+                        aux_losses="positions,layers,targets")
+    result = T.train(model_cfg, cfg, progress=False)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+    assert float(rows[0]["aux_layers"]) > 0 and float(rows[0]["aux_targets"]) > 0
+    assert float(rows[-1]["aux_layers"]) == 0  # all intermediate losses off after half-way
+    assert all(float(r["loss"]) > float(r["train_bpc"]) for r in rows)  # targets always add
+    ckpt = T.load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert any(k.startswith("target_heads") for k in ckpt["aux"])
+    # Evaluation needs the model alone: it loads strictly without the auxiliary heads.
+    model = T.model_from_checkpoint(ckpt)
+    assert not any("target" in k for k in model.state_dict())
+    want = evaluate_bpc_sliding(result["model"], result["corpus"].valid[:500], seq_len=32,
+                                stride=1)
+    assert cli.main(["eval", "--checkpoint", str(tmp_path / "run" / "checkpoint.pt"),
+                     "--protocol", "sliding", "--max-bytes", "500", "--device", "cpu"]) == 0
+    assert f"{want:.4f} bpc" in capsys.readouterr().out
+    with pytest.raises(T.CheckpointError, match="same losses"):
+        T.train(model_cfg, T.with_overrides(cfg, steps=12, aux_losses="positions"), resume=True,
+                progress=False)
+
+
+def test_cli_eval_protocol_errors(tmp_path, capsys):
+    model_cfg = CharTransformerConfig(n_layer=1, d_model=16, n_head=2, d_inner=32, block_size=16)
+    T.train(model_cfg, T.TrainConfig(out=str(tmp_path / "r"), steps=2, batch_size=2,
+                                     device="cpu", eval_batches=1), progress=False)
+    ck = str(tmp_path / "r" / "checkpoint.pt")
+    assert cli.main(["eval", "--checkpoint", ck, "--stride", "2", "--device", "cpu"]) == 2
+    assert "--protocol sliding" in capsys.readouterr().err
+    assert cli.main(["eval", "--checkpoint", ck, "--seq-len", "32", "--device", "cpu"]) == 2
+    assert "block_size" in capsys.readouterr().err
+    assert cli.main(["train", "--aux-losses", "layer", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown auxiliary loss 'layer'" in capsys.readouterr().err
