@@ -15,6 +15,14 @@ from .aux_losses import (
     next_byte_loss,
     sliding_windows,
 )
+from .relative_attention import (
+    ShawRelativeAttention,
+    relative_index,
+    shaw_attention,
+    shaw_attention_gathered,
+    shaw_attention_loop,
+    shaw_factory,
+)
 from .char_transformer import (
     Block,
     CharTransformer,
@@ -34,6 +42,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AuxLossConfig", "AuxLosses", "evaluate_bpc_sliding", "intermediate_weight", "layer_weights",
     "next_byte_loss", "sliding_windows",
+    "ShawRelativeAttention", "relative_index", "shaw_attention", "shaw_attention_gathered",
+    "shaw_attention_loop", "shaw_factory",
     "Block", "CharTransformer", "CharTransformerConfig", "MultiHeadAttention", "attention",
     "attention_weights", "causal_mask", "check", "data", "evaluate_bpc", "generate",
     "leakage_matrix", "sinusoid_positions",

@@ -18,11 +18,12 @@ import torch
 from .aux_losses import intermediate_weight as _ref_weight
 from .aux_losses import sliding_windows as _ref_windows
 from .char_transformer import attention as _ref_attention
+from .relative_attention import shaw_attention_loop as _ref_shaw
 from .char_transformer import causal_mask as _ref_causal_mask
 from .char_transformer import sinusoid_positions as _ref_sinusoid
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
-           "sliding_windows"]
+           "sliding_windows", "shaw_attention"]
 
 
 def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
@@ -196,3 +197,43 @@ def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
                             "scores all its positions, each later one starts `stride` bytes on",
                             len(cases))
     return _verdict("sliding_windows", None, len(cases))
+
+
+def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(q, k, v, w_k, w_v, mask=None) against Chapter 3's relative attention loop."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, 2, 5, 5, 4, 2), (1, 3, 3, 6, 8, 1), (2, 1, 4, 4, 4, 7), (1, 2, 6, 6, 4, 0)]
+    n_checks = 2 * len(shapes)
+    for B, H, Tq, Tk, D, K in shapes:
+        q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
+        w_k, w_v = torch.randn(2, 2 * K + 1, D, generator=g)
+        for mask in (_ref_causal_mask(Tq, Tk), None):
+            where = (f"for q {tuple(q.shape)}, k {tuple(k.shape)}, K={K}, "
+                     f"{'with' if mask is not None else 'without'} a mask")
+            got, err = _call(fn, q, k, v, w_k, w_v, mask)
+            if err:
+                return _verdict("shaw_attention", f"{where}: {err}", n_checks)
+            want = _ref_shaw(q, k, v, w_k, w_v, mask)
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                return _verdict("shaw_attention", f"{where}: the output is {shape}, expected "
+                                f"{tuple(want.shape)} [B, H, Tq, D]", n_checks)
+            if torch.allclose(got, want, atol=1e-5):
+                continue
+            zero = torch.zeros_like(w_v)
+            near = lambda other: torch.allclose(got, other, atol=1e-4)
+            if near(_ref_shaw(q, k, v, w_k, zero, mask)):
+                hint = "the value term is missing: add sum_j p_ij a^V_ij to the output."
+            elif near(_ref_shaw(q, k, v, w_k.flip(0), w_v.flip(0), mask)):
+                hint = ("the distances run the wrong way: row clip(j - i, -K, K) + K of the table "
+                        "belongs to query i and key j, so keys to the left use rows below K.")
+            elif near(_ref_shaw(q, k, v, w_k * math.sqrt(D), w_v, mask)):
+                hint = "the position term q . a^K is not divided by sqrt(D) like the content term."
+            elif near(_ref_shaw(q, k, v, zero, w_v, mask)):
+                hint = "the key-side position term q . a^K is missing from the logits."
+            elif mask is not None and near(_ref_shaw(q, k, v, w_k, w_v, None)):
+                hint = "the mask is ignored."
+            else:
+                hint = "the values differ from the reference loop."
+            return _verdict("shaw_attention", f"{where}: {hint}", n_checks)
+    return _verdict("shaw_attention", None, n_checks)

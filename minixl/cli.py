@@ -26,17 +26,25 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument("--" + name.replace("_", "-"), type=int)
     g.add_argument("--dropout", type=float)
     g.add_argument("--pos", help="per_layer, sinusoid or none")
+    p.add_argument("--attention", choices=T.ATTENTIONS, default="default",
+                   help="default (Chapter 1) or shaw (Chapter 3's relative attention; implies "
+                   "--pos none unless --pos is given)")
+    p.add_argument("--max-relative", type=int, default=16,
+                   help="shaw: the clipping distance k (default 16)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 
 
 def _configs(args) -> tuple[CharTransformerConfig, T.TrainConfig]:
     model_cfg, train_cfg = T.preset(args.preset)
+    if args.attention == "shaw" and args.pos is None:
+        args.pos = "none"  # relative attention replaces absolute positions
     model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in MODEL_FLAGS})
     train_over = {k: getattr(args, k, None) for k in
                   ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed",
                    "aux_losses", "aux_targets")}
     return model_cfg, T.with_overrides(train_cfg, device=args.device, compile=args.compile,
+                                       attention=args.attention, max_relative=args.max_relative,
                                        **train_over)
 
 
@@ -80,9 +88,10 @@ def cmd_eval(args) -> None:
             raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
         data = data[:args.max_bytes]
     seq_len = args.seq_len or model.config.block_size
-    if seq_len > model.config.block_size:
+    if seq_len > model.config.block_size and model.pos is not None:
         raise ValueError(f"--seq-len {seq_len} is longer than the model's block_size "
-                         f"{model.config.block_size}")
+                         f"{model.config.block_size} (its learned position table); only models "
+                         "without absolute positions (--pos none) evaluate beyond it")
     if args.stride is not None and args.protocol != "sliding":
         raise ValueError("--stride applies to --protocol sliding only")
     stride = seq_len if args.protocol == "all-positions" else (args.stride or 1)
@@ -98,9 +107,10 @@ def cmd_eval(args) -> None:
 def cmd_bench(args) -> None:
     model_cfg, _ = _configs(args)
     r = T.bench(model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
-                compile=args.compile, peak=args.peak_tflops)
+                compile=args.compile, peak=args.peak_tflops, attention=args.attention,
+                max_relative=args.max_relative)
     print(f"device: {r['device']}  params: {r['params']:,}  batch {r['batch_size']} x "
-          f"{r['block_size']}  compile: {r['compile']}")
+          f"{r['block_size']}  attention: {r['attention']}  compile: {r['compile']}")
     print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
     if r["mfu"] is not None:
         print(f"MFU: {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s (bf16 dense peak)")

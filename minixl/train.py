@@ -24,10 +24,11 @@ import torch
 from .aux_losses import AuxLossConfig, AuxLosses, next_byte_loss
 from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
 from .data import load_corpus, random_windows
+from .relative_attention import shaw_factory
 
 __all__ = [
     "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
-    "parse_aux_losses", "make_objective", "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
+    "parse_aux_losses", "make_objective", "build_model", "ATTENTIONS", "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
 CHECKPOINT = "checkpoint.pt"
@@ -57,6 +58,8 @@ class TrainConfig:
     compile: bool = False
     aux_losses: str = "positions"
     aux_targets: int = 1
+    attention: str = "default"
+    max_relative: int = 16
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
@@ -70,6 +73,25 @@ class TrainConfig:
         if self.eval_batches is not None and self.eval_batches < 1:
             raise ValueError(f"eval_batches must be positive or None, got {self.eval_batches}")
         parse_aux_losses(self.aux_losses, self.aux_targets)  # fail early on a bad spec
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {self.attention!r}: expected one of "
+                             f"{', '.join(ATTENTIONS)}")
+        if self.max_relative < 0:
+            raise ValueError(f"--max-relative must be >= 0, got {self.max_relative}")
+
+
+# default: Chapter 1's multi-head attention; shaw: Chapter 3's relative attention.
+ATTENTIONS = ("default", "shaw")
+
+
+def build_model(model_cfg: CharTransformerConfig, attention: str = "default",
+                max_relative: int = 16) -> CharTransformer:
+    """A CharTransformer with the named attention in every layer."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"unknown attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
+    if attention == "shaw":
+        return CharTransformer(model_cfg, attention=shaw_factory(max_relative))
+    return CharTransformer(model_cfg)
 
 
 AUX_NAMES = ("positions", "layers", "targets")
@@ -225,7 +247,9 @@ def model_from_checkpoint(ckpt: dict | Path) -> CharTransformer:
     """Rebuild the model a checkpoint describes and load its weights."""
     ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
     try:
-        model = CharTransformer(CharTransformerConfig(**ckpt["model_config"]))
+        tc = ckpt.get("train_config", {})
+        model = build_model(CharTransformerConfig(**ckpt["model_config"]),
+                            tc.get("attention", "default"), tc.get("max_relative", 16))
     except (TypeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint's model_config is unusable: {err}") from err
     try:
@@ -300,7 +324,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                              "--block-size")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = CharTransformer(model_cfg).to(device)
+    model = build_model(model_cfg, cfg.attention, cfg.max_relative).to(device)
     aux = AuxLosses(parse_aux_losses(cfg.aux_losses, cfg.aux_targets), n_layer=model_cfg.n_layer,
                     d_model=model_cfg.d_model, vocab_size=model_cfg.vocab_size).to(device)
     params = list(model.parameters()) + list(aux.parameters())
@@ -312,6 +336,11 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             raise CheckpointError(f"{ckpt_path} holds a model of config {ckpt['model_config']}, "
                                   f"not the {asdict(model_cfg)} asked for; resume with the "
                                   "same preset and flags")
+        old_attn = (ckpt["train_config"].get("attention", "default"),
+                    ckpt["train_config"].get("max_relative", 16))
+        if old_attn != (cfg.attention, cfg.max_relative):
+            raise CheckpointError(f"{ckpt_path} holds a model with --attention {old_attn[0]} "
+                                  f"--max-relative {old_attn[1]}; resume with the same attention")
         old_aux = (ckpt["train_config"].get("aux_losses"), ckpt["train_config"].get("aux_targets"))
         if old_aux != (cfg.aux_losses, cfg.aux_targets):
             raise CheckpointError(f"{ckpt_path} was trained with --aux-losses {old_aux[0]} "
@@ -418,11 +447,11 @@ def peak_tflops(device_name: str) -> float | None:
 
 def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int = 20,
           warmup: int = 5, device: str = "auto", compile: bool = False,
-          peak: float | None = None) -> dict:
+          peak: float | None = None, attention: str = "default", max_relative: int = 16) -> dict:
     """Training throughput (forward, backward, AdamW step) in tokens/s, and MFU on CUDA."""
     dev = resolve_device(device)
     torch.manual_seed(0)
-    model = CharTransformer(model_cfg).to(dev)
+    model = build_model(model_cfg, attention, max_relative).to(dev)
     fwd = torch.compile(model) if compile else model
     objective = make_objective(fwd, model, AuxLosses(AuxLossConfig(), n_layer=model_cfg.n_layer,
                                                      d_model=model_cfg.d_model))
@@ -455,7 +484,8 @@ def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int 
     mfu = flops_per_token * tokens_per_s / (peak * 1e12) if peak else None
     return {"device": name, "params": n_params, "tokens_per_s": tokens_per_s,
             "tflops": flops_per_token * tokens_per_s / 1e12, "peak_tflops": peak, "mfu": mfu,
-            "batch_size": batch_size, "block_size": T, "steps": steps, "compile": compile}
+            "batch_size": batch_size, "block_size": T, "steps": steps, "compile": compile,
+            "attention": attention}
 
 
 def with_overrides(cfg, **overrides):

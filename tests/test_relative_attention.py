@@ -1,0 +1,131 @@
+"""Chapter 3: Shaw et al.'s relative attention, its three forms, and the model built on it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minixl import (CharTransformer, CharTransformerConfig, ShawRelativeAttention, attention,
+                    causal_mask, leakage_matrix, relative_index, shaw_attention,
+                    shaw_attention_gathered, shaw_attention_loop, shaw_factory)
+from minixl import cli
+from minixl import train as T
+
+FAST = [shaw_attention, shaw_attention_gathered]
+
+
+def tensors(B, H, Tq, Tk, D, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, t, D, generator=g, dtype=torch.float64) for t in (Tq, Tk, Tk))
+    w_k, w_v = torch.randn(2, 2 * K + 1, D, generator=g, dtype=torch.float64)
+    return q, k, v, w_k, w_v
+
+
+@pytest.mark.parametrize("fast", FAST)
+@pytest.mark.parametrize("B,H,Tq,Tk,D,K", [(2, 3, 6, 6, 4, 2), (1, 2, 3, 8, 8, 1),
+                                           (2, 1, 5, 5, 4, 0), (1, 2, 4, 4, 4, 12),
+                                           (1, 1, 1, 9, 4, 3)])
+@pytest.mark.parametrize("masked", [True, False])
+def test_efficient_forms_equal_the_loop(fast, B, H, Tq, Tk, D, K, masked):
+    q, k, v, w_k, w_v = tensors(B, H, Tq, Tk, D, K)
+    mask = causal_mask(Tq, Tk) if masked else None
+    torch.testing.assert_close(fast(q, k, v, w_k, w_v, mask),
+                               shaw_attention_loop(q, k, v, w_k, w_v, mask))
+
+
+def test_gradients_agree_with_the_loop():
+    grads = []
+    for f in (shaw_attention_loop, shaw_attention, shaw_attention_gathered):
+        args = [t.requires_grad_() for t in tensors(1, 2, 4, 6, 4, 2)]
+        f(*args, causal_mask(4, 6)).sum().backward()
+        grads.append([a.grad for a in args])
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            torch.testing.assert_close(a, b)
+
+
+def test_clipping_index_and_far_keys_share_a_vector():
+    idx = relative_index(3, 5, 1)
+    # queries at positions 2, 3, 4; keys 0..4; distances j - i clipped to [-1, 1], +1
+    assert idx.tolist() == [[0, 0, 1, 2, 2], [0, 0, 0, 1, 2], [0, 0, 0, 0, 1]]
+    # With K = 2, keys 2 or more to the left all read row 0: the same position bias.
+    q, k, v, w_k, w_v = tensors(1, 1, 6, 6, 4, 2)
+    base = shaw_attention(q, k, v, w_k, w_v, causal_mask(6))
+    k_far = k.clone()
+    k_far[..., :4, :] = k[..., :4, :].flip(2)  # swap the content of far keys among themselves
+    v_far = v.clone()
+    v_far[..., :4, :] = v[..., :4, :].flip(2)
+    moved = shaw_attention(q, k_far, v_far, w_k, w_v, causal_mask(6))
+    # The last query (position 5) sees keys 0..3 at distances <= -2: all clipped to row 0,
+    # so permuting them leaves its output unchanged.
+    torch.testing.assert_close(moved[..., 5, :], base[..., 5, :])
+    assert not torch.allclose(moved[..., 4, :], base[..., 4, :])  # query 4 sees key 3 at -1, row 1
+
+
+def test_zero_tables_give_plain_attention():
+    q, k, v, w_k, w_v = tensors(2, 2, 5, 7, 4, 3)
+    zero = torch.zeros_like(w_k)
+    torch.testing.assert_close(shaw_attention(q, k, v, zero, zero, causal_mask(5, 7)),
+                               attention(q, k, v, causal_mask(5, 7)))
+
+
+@pytest.mark.parametrize("bad,msg", [
+    (dict(w_k=torch.zeros(4, 4)), "odd number"),
+    (dict(w_k=torch.zeros(5, 8), w_v=torch.zeros(5, 8)), "width 8"),
+    (dict(q=torch.zeros(1, 1, 9, 4)), "Tq <= Tk"),
+])
+def test_bad_shapes_are_explained(bad, msg):
+    args = dict(q=torch.zeros(1, 1, 3, 4), k=torch.zeros(1, 1, 5, 4), v=torch.zeros(1, 1, 5, 4),
+                w_k=torch.zeros(5, 4), w_v=torch.zeros(5, 4))
+    args.update(bad)
+    with pytest.raises(ValueError, match=msg):
+        shaw_attention(**args)
+
+
+def test_relative_model_is_causal_and_runs_past_its_training_length():
+    torch.manual_seed(0)
+    cfg = CharTransformerConfig(n_layer=2, d_model=32, n_head=2, d_inner=64, block_size=8,
+                                pos="none")
+    model = CharTransformer(cfg, attention=shaw_factory(3))
+    dep = leakage_matrix(model, torch.randint(0, 256, (12,)))
+    assert torch.all(dep.triu(diagonal=1) == 0) and torch.all(dep.diagonal() > 0)
+    assert model(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, 256)
+
+
+def test_causal_model_never_trains_right_hand_distances():
+    torch.manual_seed(0)
+    layer = ShawRelativeAttention(16, 2, max_relative=3)
+    layer(torch.randn(2, 6, 16)).pow(2).sum().backward()
+    assert torch.all(layer.w_k.grad[4:] == 0) and torch.all(layer.w_v.grad[4:] == 0)
+    assert layer.w_k.grad[:4].abs().sum() > 0
+    both = ShawRelativeAttention(16, 2, max_relative=3, causal=False)
+    both(torch.randn(2, 6, 16)).pow(2).sum().backward()
+    assert both.w_k.grad[4:].abs().sum() > 0
+
+
+def test_train_eval_and_resume_with_shaw(tmp_path, capsys):
+    out = tmp_path / "shaw"
+    args = ["train", "--attention", "shaw", "--max-relative", "4", "--n-layer", "1",
+            "--d-model", "32", "--n-head", "2", "--d-inner", "64", "--block-size", "16",
+            "--steps", "4", "--batch-size", "2", "--eval-every", "4", "--out", str(out),
+            "--device", "cpu", "--no-progress", "--sample-len", "0"]
+    assert cli.main(args) == 0
+    ckpt = T.load_checkpoint(out / "checkpoint.pt")
+    assert ckpt["model_config"]["pos"] == "none" and ckpt["train_config"]["attention"] == "shaw"
+    model = T.model_from_checkpoint(ckpt)
+    assert isinstance(model.blocks[0].attn, ShawRelativeAttention)
+    assert model.blocks[0].attn.w_k.shape == (9, 16)
+    capsys.readouterr()
+    assert cli.main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--seq-len", "64",
+                     "--device", "cpu"]) == 0  # 4x the training window
+    assert "windows of 64" in capsys.readouterr().out
+    model_cfg = T.CharTransformerConfig(**ckpt["model_config"])
+    cfg = T.TrainConfig(**{**ckpt["train_config"], "steps": 6, "max_relative": 2})
+    with pytest.raises(T.CheckpointError, match="same attention"):
+        T.train(model_cfg, cfg, resume=True, progress=False)
+
+
+def test_unknown_attention_is_rejected(capsys):
+    with pytest.raises(ValueError, match="unknown attention"):
+        T.build_model(CharTransformerConfig(), "rotary")
+    with pytest.raises(ValueError, match="max-relative"):
+        T.TrainConfig(max_relative=-1)
