@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minixl.char_transformer import CharTransformerConfig, _check_heads, causal_mask
+from minixl.char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
 
 
 def relative_index(qlen: int, klen: int, max_relative: int, *, device=None) -> torch.Tensor:
@@ -115,7 +115,7 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch
     return p @ v + per_distance @ w_v
 
 
-class ShawRelativeAttention(nn.Module):
+class ShawRelativeAttention(MultiHeadAttention):
     """Multi-head self-attention with relative positions: x [B, T, C] -> [B, T, C].
 
     Per layer, two [2K+1, d_head] distance tables (w_k, w_v) shared by the heads.
@@ -124,22 +124,12 @@ class ShawRelativeAttention(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, max_relative: int, *, dropout: float = 0.0,
                  causal: bool = True):
-        super().__init__()
-        _check_heads(d_model, n_head)
+        super().__init__(d_model, n_head, dropout=dropout)  # qkv and out projections, heads()
         if max_relative < 0:
             raise ValueError(f"max_relative must be >= 0, got {max_relative}")
-        self.n_head, self.d_head, self.max_relative = n_head, d_model // n_head, max_relative
-        self.dropout, self.causal = dropout, causal
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.max_relative, self.causal = max_relative, causal
         self.w_k = nn.Parameter(torch.randn(2 * max_relative + 1, self.d_head) * 0.02)
         self.w_v = nn.Parameter(torch.randn(2 * max_relative + 1, self.d_head) * 0.02)
-
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project x [B, T, C] to q, k, v, each [B, H, T, D]."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.d_head).unbind(2)  # (B, T, H, D)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
