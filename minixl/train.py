@@ -28,7 +28,8 @@ from .relative_attention import shaw_factory
 
 __all__ = [
     "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
-    "parse_aux_losses", "make_objective", "build_model", "ATTENTIONS", "save_checkpoint", "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
+    "parse_aux_losses", "make_objective", "build_model", "ATTENTIONS", "save_checkpoint",
+    "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
 CHECKPOINT = "checkpoint.pt"
@@ -120,7 +121,8 @@ def parse_aux_losses(spec: str, targets: int = 1) -> AuxLossConfig:
         try:
             w = float(weight) if weight else (1.0 if name == "layers" else 0.5)
         except ValueError:
-            raise ValueError(f"the weight of {name!r} in {spec!r} is not a number: {weight!r}")
+            raise ValueError(f"the weight of {name!r} in {spec!r} is not a number: "
+                             f"{weight!r}") from None
         if name == "layers":
             kw["layers"] = w
         else:
