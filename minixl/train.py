@@ -195,7 +195,9 @@ def make_objective(fwd, model: torch.nn.Module, aux: AuxLosses):
     def objective(x: torch.Tensor, y: torch.Tensor, progress: float) -> dict:
         logits, hidden = fwd(x, return_hidden=True)  # (B, T, V), n_layer x (B, T, C)
         parts = aux(logits, hidden, y, progress=progress, readout=model.readout)
-        parts["next_byte"] = next_byte_loss(logits.detach(), y)
+        # With every position trained, the main loss is already this number: don't recompute it.
+        parts["next_byte"] = (parts["final"].detach() if aux.config.positions
+                              else next_byte_loss(logits.detach(), y))
         return parts
 
     return objective
