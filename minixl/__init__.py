@@ -23,6 +23,22 @@ from .relative_attention import (
     shaw_attention_loop,
     shaw_factory,
 )
+from .transformer_xl import (
+    NoMemory,
+    PositionwiseFF,
+    RelMultiHeadAttention,
+    TransformerXL,
+    TransformerXLConfig,
+    XLLayer,
+    evaluate_bpc_xl,
+    generate_xl,
+    rel_scores,
+    rel_scores_naive,
+    rel_shift,
+    relative_distances,
+    relative_positions,
+    stream_nll,
+)
 from .char_transformer import (
     Block,
     CharTransformer,
@@ -34,6 +50,7 @@ from .char_transformer import (
     evaluate_bpc,
     generate,
     leakage_matrix,
+    sample_next,
     sinusoid_positions,
 )
 
@@ -44,7 +61,10 @@ __all__ = [
     "next_byte_loss", "sliding_windows",
     "ShawRelativeAttention", "relative_index", "shaw_attention", "shaw_attention_gathered",
     "shaw_attention_loop", "shaw_factory",
+    "NoMemory", "PositionwiseFF", "RelMultiHeadAttention", "TransformerXL", "TransformerXLConfig",
+    "XLLayer", "evaluate_bpc_xl", "generate_xl", "rel_scores", "rel_scores_naive", "rel_shift",
+    "relative_distances", "relative_positions", "stream_nll",
     "Block", "CharTransformer", "CharTransformerConfig", "MultiHeadAttention", "attention",
     "attention_weights", "causal_mask", "check", "data", "evaluate_bpc", "generate",
-    "leakage_matrix", "sinusoid_positions",
+    "leakage_matrix", "sample_next", "sinusoid_positions",
 ]

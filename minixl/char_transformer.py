@@ -11,7 +11,8 @@ from __future__ import annotations
 __all__ = [
     'causal_mask', 'attention_weights', 'attention', 'MultiHeadAttention', 'Block',
     'sinusoid_positions', 'POSITIONS', 'CharTransformerConfig', 'default_attention',
-    'CharTransformer', 'leakage_matrix', 'evaluate_bpc', 'generate',
+    'CharTransformer', 'leakage_matrix', 'evaluate_bpc', 'check_sampling_args',
+    'sample_next', 'generate',
 ]
 
 import math
@@ -272,16 +273,32 @@ def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int, batch_si
     return total / count / math.log(2)
 
 
-@torch.no_grad()
-def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, *, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Extend prompt [T] by n_new sampled tokens; returns [T + n_new]. Context is cut to block_size."""
+def check_sampling_args(prompt: torch.Tensor, temperature: float, top_k: int | None) -> None:
+    """Raise a clear ValueError for an empty prompt, temperature <= 0 or top_k < 1."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 (or None for no cut), got {top_k}")
     if prompt.numel() == 0:
         raise ValueError("the prompt is empty: the model needs at least one token to start")
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from next-token logits [B, V]; returns [B, 1]."""
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, *, temperature: float = 1.0,
+             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Extend prompt [T] by n_new sampled tokens; returns [T + n_new]. Context is cut to block_size."""
+    check_sampling_args(prompt, temperature, top_k)
     block_size = model.config.block_size
     was_training = model.training
     model.eval()
@@ -289,12 +306,8 @@ def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, *, temperature:
     tokens = prompt.long().view(1, -1).to(device)  # (1, T)
     try:
         for _ in range(n_new):
-            logits = model(tokens[:, -block_size:])[:, -1].float() / temperature  # (1, V)
-            if top_k is not None:
-                kth = logits.topk(min(top_k, logits.size(-1))).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = logits.softmax(dim=-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)  # (1, 1)
+            logits = model(tokens[:, -block_size:])[:, -1]  # (1, V)
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
             tokens = torch.cat([tokens, nxt], dim=1)
     finally:
         model.train(was_training)

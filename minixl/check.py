@@ -19,11 +19,12 @@ from .aux_losses import intermediate_weight as _ref_weight
 from .aux_losses import sliding_windows as _ref_windows
 from .char_transformer import attention as _ref_attention
 from .relative_attention import shaw_attention_loop as _ref_shaw
+from .transformer_xl import relative_distances as _ref_distances
 from .char_transformer import causal_mask as _ref_causal_mask
 from .char_transformer import sinusoid_positions as _ref_sinusoid
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
-           "sliding_windows", "shaw_attention"]
+           "sliding_windows", "shaw_attention", "rel_shift"]
 
 
 def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
@@ -237,3 +238,44 @@ def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
                 hint = "the values differ from the reference loop."
             return _verdict("shaw_attention", f"{where}: {hint}", n_checks)
     return _verdict("shaw_attention", None, n_checks)
+
+
+def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Check fn(x) [..., Tq, Tk] -> [..., Tq, Tk], Transformer-XL's shift, on the unmasked entries.
+
+    x[..., i, m] scores distance Tk - 1 - m; the result at [..., i, j] must be the score for
+    distance (Tk - Tq + i) - j wherever j <= Tk - Tq + i. Other entries are not checked.
+    """
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3, 3), (3, 5), (1, 4), (4, 9), (2, 3, 4, 6), (5, 2, 2)]
+    for shape in shapes:
+        x = torch.randn(*shape, generator=g)
+        qlen, klen = shape[-2:]
+        dist = _ref_distances(qlen, klen)
+        keep = dist >= 0
+        where = f"for x of shape {shape} ({qlen} queries, memory {klen - qlen})"
+        got, err = _call(fn, x)
+        if err:
+            return _verdict("rel_shift", f"{where}: {err}", len(shapes))
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return _verdict("rel_shift", f"{where}: the output is {found}, expected the input's "
+                            f"shape {shape}", len(shapes))
+
+        def column(col: torch.Tensor) -> torch.Tensor:  # x[..., i, col[i, j]] on kept entries
+            return x.gather(-1, col.clamp(0, klen - 1).expand(x.shape))[..., keep]
+
+        if torch.allclose(got[..., keep], column(klen - 1 - dist)):
+            continue
+        wrong_side = torch.nn.functional.pad(x, (0, 1)).reshape(*shape[:-2], klen + 1, qlen)
+        if torch.allclose(got[..., keep], wrong_side[..., 1:, :].reshape(shape)[..., keep]):
+            hint = ("the zero column is padded on the right; it goes on the left (F.pad(x, (1, 0))), "
+                    "so that row i slides left by Tq - 1 - i.")
+        elif torch.allclose(got[..., keep], column(dist)):
+            hint = ("the columns are read as ascending distances; column m of x holds distance "
+                    "Tk - 1 - m (descending), so distance d is column Tk - 1 - d.")
+        else:
+            hint = ("some entries the causal mask keeps (j <= Tk - Tq + i) differ from "
+                    "x[..., i, j + Tq - 1 - i].")
+        return _verdict("rel_shift", f"{where}: {hint}", len(shapes))
+    return _verdict("rel_shift", None, len(shapes))

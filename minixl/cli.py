@@ -11,21 +11,39 @@ import torch
 
 from . import train as T
 from .aux_losses import evaluate_bpc_sliding
-from .char_transformer import CharTransformerConfig, generate
+from .char_transformer import generate
 from .data import DownloadError, decode, encode, load_corpus
+from .transformer_xl import NoMemory, evaluate_bpc_xl, generate_xl
 
 __all__ = ["main"]
 
-MODEL_FLAGS = ("n_layer", "d_model", "n_head", "d_inner", "block_size", "dropout", "pos")
+SHARED_FLAGS = ("n_layer", "d_model", "n_head", "d_inner", "dropout")
+CHAR_FLAGS = ("block_size", "pos")
+XL_FLAGS = ("tgt_len", "mem_len", "clamp_len", "d_head", "pre_lnorm")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help=f"one of {', '.join(T.PRESETS)} (default tiny)")
+    p.add_argument("--model", choices=T.MODELS, default="char",
+                   help="char (Chapters 1-3, windows) or xl (Chapter 4's Transformer-XL, "
+                   "segments with memory)")
     g = p.add_argument_group("model sizes (override the preset)")
-    for name in MODEL_FLAGS[:-2]:
-        g.add_argument("--" + name.replace("_", "-"), type=int)
+    for name in ("n_layer", "d_model", "n_head", "d_inner"):
+        g.add_argument(_flag(name), type=int)
     g.add_argument("--dropout", type=float)
-    g.add_argument("--pos", help="per_layer, sinusoid or none")
+    g.add_argument("--block-size", type=int, help="char: the window length")
+    g.add_argument("--pos", help="char: per_layer, sinusoid or none")
+    g.add_argument("--tgt-len", type=int, help="xl: the segment length")
+    g.add_argument("--mem-len", type=int, help="xl: memory length per layer")
+    g.add_argument("--clamp-len", type=int, help="xl: cap on relative distances (0 = none)")
+    g.add_argument("--d-head", type=int, help="xl: width of one head")
+    g.add_argument("--pre-lnorm", action=argparse.BooleanOptionalAction, default=None,
+                   help="xl: layer norm before each sublayer (the tiny and small presets) or "
+                   "after it (base, as in the paper)")
     p.add_argument("--attention", choices=T.ATTENTIONS, default="default",
                    help="default (Chapter 1) or shaw (Chapter 3's relative attention; implies "
                    "--pos none unless --pos is given)")
@@ -35,17 +53,32 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 
 
-def _configs(args) -> tuple[CharTransformerConfig, T.TrainConfig]:
-    model_cfg, train_cfg = T.preset(args.preset)
-    if args.attention == "shaw" and args.pos is None:
+def _reject(args, names: tuple[str, ...], model: str) -> None:
+    given = [_flag(n) for n in names if getattr(args, n, None) is not None]
+    if given:
+        other = "char" if model == "xl" else "xl"
+        raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to "
+                         f"--model {other}, not --model {model}")
+
+
+def _configs(args):
+    model_cfg, train_cfg = T.preset(args.preset, args.model)
+    _reject(args, CHAR_FLAGS if args.model == "xl" else XL_FLAGS, args.model)
+    if args.model == "char" and args.attention == "shaw" and args.pos is None:
         args.pos = "none"  # relative attention replaces absolute positions
-    model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in MODEL_FLAGS})
+    own = XL_FLAGS if args.model == "xl" else CHAR_FLAGS
+    model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in SHARED_FLAGS + own})
     train_over = {k: getattr(args, k, None) for k in
                   ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed",
                    "aux_losses", "aux_targets")}
     return model_cfg, T.with_overrides(train_cfg, device=args.device, compile=args.compile,
                                        attention=args.attention, max_relative=args.max_relative,
-                                       **train_over)
+                                       model=args.model, **train_over)
+
+
+def _sample(model, prompt, n, **kw):
+    """Chapter 1's generate for windowed models, Chapter 4's (with memory) for Transformer-XL."""
+    return generate_xl(model, prompt, n, **kw) if T.is_xl(model) else generate(model, prompt, n, **kw)
 
 
 def cmd_train(args) -> None:
@@ -61,7 +94,7 @@ def cmd_train(args) -> None:
     print(f"run folder: {result['out']} (checkpoint.pt, metrics.csv, loss.png)")
     if args.sample_len:
         gen = torch.Generator().manual_seed(cfg.seed)
-        out = generate(model, encode(args.prompt), args.sample_len, temperature=0.8, generator=gen)
+        out = _sample(model, encode(args.prompt), args.sample_len, temperature=0.8, generator=gen)
         print("sample:\n" + decode(out))
 
 
@@ -71,14 +104,20 @@ def cmd_sample(args) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     prompt = encode(args.prompt)
     with T.autocast(device):
-        out = generate(model, prompt, args.n, temperature=args.temperature, top_k=args.top_k,
-                       generator=gen)
+        out = _sample(model, prompt, args.n, temperature=args.temperature, top_k=args.top_k,
+                      generator=gen)
     print(decode(out))
 
 
 def cmd_eval(args) -> None:
     device = T.resolve_device(args.device)
     ckpt = T.load_checkpoint(args.checkpoint)
+    kind = T.checkpoint_model_kind(ckpt)
+    if args.model is not None and args.model != kind:
+        raise ValueError(f"{args.checkpoint} holds a --model {kind} checkpoint, not --model "
+                         f"{args.model}")
+    if kind == "char":
+        _reject(args, ("tgt_len", "mem_len", "clamp_len"), "char")
     model = T.model_from_checkpoint(ckpt).to(device)
     corpus_name = args.corpus or ckpt["train_config"]["corpus"]
     corpus = load_corpus(corpus_name)
@@ -87,14 +126,41 @@ def cmd_eval(args) -> None:
         if args.max_bytes < 2:
             raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
         data = data[:args.max_bytes]
-    seq_len = args.seq_len or model.config.block_size
-    if seq_len > model.config.block_size and model.pos is not None:
-        raise ValueError(f"--seq-len {seq_len} is longer than the model's block_size "
-                         f"{model.config.block_size} (its learned position table); only models "
-                         "without absolute positions (--pos none) evaluate beyond it")
-    if args.stride is not None and args.protocol != "sliding":
+    protocol = args.protocol or ("memory" if kind == "xl" else "all-positions")
+    if args.stride is not None and protocol != "sliding":
         raise ValueError("--stride applies to --protocol sliding only")
-    stride = seq_len if args.protocol == "all-positions" else (args.stride or 1)
+    if protocol == "memory":
+        if kind != "xl":
+            raise ValueError("--protocol memory needs a --model xl checkpoint; this one is a "
+                             "windowed model (use all-positions or sliding)")
+        if args.seq_len is not None:
+            raise ValueError("--seq-len applies to the window protocols; with memory use "
+                             "--tgt-len and --mem-len")
+        for name in ("tgt_len", "mem_len", "clamp_len"):
+            value = getattr(args, name)
+            if value is not None and value < (1 if name == "tgt_len" else 0):
+                raise ValueError(f"{_flag(name)} must be {'positive' if name == 'tgt_len' else '>= 0'}"
+                                 f", got {value}")
+        c = model.config
+        tgt_len, mem_len = args.tgt_len or c.tgt_len, c.mem_len if args.mem_len is None else args.mem_len
+        streams = max(1, min(args.batch_size, (len(data) - 1) // tgt_len))
+        with T.autocast(device):
+            bpc = evaluate_bpc_xl(model, data, tgt_len=tgt_len, mem_len=mem_len,
+                                  clamp_len=args.clamp_len, batch_size=streams)
+        print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes as {streams} "
+              f"stream{'s' * (streams > 1)}, segments of {tgt_len}, memory of {mem_len})")
+        return
+    if kind == "xl":
+        _reject(args, ("tgt_len", "mem_len", "clamp_len"), "xl --protocol " + protocol)
+        model, block = NoMemory(model), model.config.tgt_len
+    else:
+        block = model.config.block_size
+    seq_len = args.seq_len or block
+    if seq_len > block and getattr(model, "pos", None) is not None:
+        raise ValueError(f"--seq-len {seq_len} is longer than the model's block_size "
+                         f"{block} (its learned position table); only models "
+                         "without absolute positions (--pos none) evaluate beyond it")
+    stride = seq_len if protocol == "all-positions" else (args.stride or 1)
     with T.autocast(device):
         bpc = evaluate_bpc_sliding(model, data, seq_len=seq_len, stride=stride,
                                    batch_size=args.batch_size)
@@ -108,9 +174,10 @@ def cmd_bench(args) -> None:
     model_cfg, _ = _configs(args)
     r = T.bench(model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
                 compile=args.compile, peak=args.peak_tflops, attention=args.attention,
-                max_relative=args.max_relative)
+                max_relative=args.max_relative, model=args.model)
+    what = "model: xl (memory carried)" if args.model == "xl" else f"attention: {r['attention']}"
     print(f"device: {r['device']}  params: {r['params']:,}  batch {r['batch_size']} x "
-          f"{r['block_size']}  attention: {r['attention']}  compile: {r['compile']}")
+          f"{r['block_size']}  {what}  compile: {r['compile']}")
     print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
     if r["mfu"] is not None:
         print(f"MFU: {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s (bf16 dense peak)")
@@ -159,10 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--corpus", help="default: the corpus it was trained on")
     e.add_argument("--split", choices=["valid", "test"], default="valid")
-    e.add_argument("--seq-len", type=int, help="window length (default: block_size)")
-    e.add_argument("--protocol", choices=["all-positions", "sliding"], default="all-positions",
-                   help="all-positions: every position of non-overlapping windows (fast); "
-                   "sliding: the paper's one prediction per window (seq-len times slower)")
+    e.add_argument("--model", choices=T.MODELS, help="optional: check that the checkpoint "
+                   "holds this kind of model")
+    e.add_argument("--seq-len", type=int, help="window length (default: block_size, or tgt_len "
+                   "for xl)")
+    e.add_argument("--protocol", choices=["memory", "all-positions", "sliding"],
+                   help="memory (xl, the default there): segments with memory; all-positions "
+                   "(default for char): every position of non-overlapping windows; sliding: the "
+                   "paper's one prediction per window (seq-len times slower)")
+    e.add_argument("--tgt-len", type=int, help="memory: segment length (default: training's)")
+    e.add_argument("--mem-len", type=int, help="memory: memory length (default: training's; "
+                   "may be longer)")
+    e.add_argument("--clamp-len", type=int, help="memory: cap on relative distances")
     e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     e.add_argument("--max-bytes", type=int, help="evaluate only the first N bytes of the split")
     e.add_argument("--batch-size", type=int, default=64)

@@ -225,6 +225,21 @@ def random_windows(data: torch.Tensor, batch_size: int, seq_len: int, *,
     return chunk[:, :-1], chunk[:, 1:]
 
 
+def stream_tensors(data: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """data [N] cut into batch_size parallel streams: inputs x and next bytes y, each [B, n].
+
+    n = (N - 1) // B; the last (N - 1) % B bytes are left out.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    n = (len(data) - 1) // batch_size
+    if n < 1:
+        raise ValueError(f"data has {len(data)} bytes, too few for {batch_size} streams")
+    x_all = data[: n * batch_size].long().view(batch_size, n)       # (B, n)
+    y_all = data[1 : n * batch_size + 1].long().view(batch_size, n)  # (B, n)
+    return x_all, y_all
+
+
 def stream_batches(data: torch.Tensor, batch_size: int, seg_len: int
                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Ordered batches: data cut into B parallel streams, read in consecutive segments.
@@ -233,12 +248,8 @@ def stream_batches(data: torch.Tensor, batch_size: int, seg_len: int
     recurrence (Transformer-XL) needs. Yields x, y [B, seg_len]; the last
     segment may be shorter.
     """
-    if batch_size < 1 or seg_len < 1:
-        raise ValueError(f"batch_size and seg_len must be positive, got {batch_size} and {seg_len}")
-    n = (len(data) - 1) // batch_size
-    if n < 1:
-        raise ValueError(f"data has {len(data)} bytes, too few for {batch_size} streams")
-    x_all = data[: n * batch_size].long().view(batch_size, n)       # (B, N)
-    y_all = data[1 : n * batch_size + 1].long().view(batch_size, n)  # (B, N)
-    for start in range(0, n, seg_len):
+    if seg_len < 1:
+        raise ValueError(f"seg_len must be positive, got {seg_len}")
+    x_all, y_all = stream_tensors(data, batch_size)
+    for start in range(0, x_all.size(1), seg_len):
         yield x_all[:, start:start + seg_len], y_all[:, start:start + seg_len]

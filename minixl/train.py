@@ -3,6 +3,7 @@
 Hand-written (not generated). The models come from the chapters; this module
 adds what a long run needs: presets, a cosine schedule with warm-up, bf16
 autocast and optional torch.compile on CUDA, Chapter 2's auxiliary losses,
+Chapter 4's Transformer-XL on ordered streams with memory carried across steps,
 periodic held-out bpc, a metrics CSV and loss-curve PNG, atomic checkpoints
 and resume.
 """
@@ -23,12 +24,14 @@ import torch
 
 from .aux_losses import AuxLossConfig, AuxLosses, next_byte_loss
 from .char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
-from .data import load_corpus, random_windows
+from .data import load_corpus, random_windows, stream_tensors
 from .relative_attention import shaw_factory
+from .transformer_xl import TransformerXL, TransformerXLConfig, evaluate_bpc_xl
 
 __all__ = [
     "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
-    "parse_aux_losses", "make_objective", "build_model", "ATTENTIONS", "save_checkpoint",
+    "parse_aux_losses", "make_objective", "make_xl_objective", "build_model", "ATTENTIONS",
+    "MODELS", "new_model", "is_xl", "checkpoint_model_kind", "save_checkpoint",
     "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
@@ -61,6 +64,7 @@ class TrainConfig:
     aux_targets: int = 1
     attention: str = "default"
     max_relative: int = 16
+    model: str = "char"
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
@@ -79,10 +83,19 @@ class TrainConfig:
                              f"{', '.join(ATTENTIONS)}")
         if self.max_relative < 0:
             raise ValueError(f"--max-relative must be >= 0, got {self.max_relative}")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}: expected one of {', '.join(MODELS)}")
+        if self.model == "xl" and (self.attention != "default" or self.aux_losses != "positions"
+                                   or self.aux_targets != 1):
+            raise ValueError("--attention, --aux-losses and --aux-targets apply to --model char; "
+                             "Transformer-XL has its own relative attention and trains on every "
+                             "position")
 
 
 # default: Chapter 1's multi-head attention; shaw: Chapter 3's relative attention.
 ATTENTIONS = ("default", "shaw")
+# char: Chapter 1's CharTransformer (windows); xl: Chapter 4's TransformerXL (streams + memory).
+MODELS = ("char", "xl")
 
 
 def build_model(model_cfg: CharTransformerConfig, attention: str = "default",
@@ -93,6 +106,18 @@ def build_model(model_cfg: CharTransformerConfig, attention: str = "default",
     if attention == "shaw":
         return CharTransformer(model_cfg, attention=shaw_factory(max_relative))
     return CharTransformer(model_cfg)
+
+
+def is_xl(model: torch.nn.Module) -> bool:
+    """True for a Transformer-XL (called with memories), False for a windowed model."""
+    return isinstance(model, TransformerXL)
+
+
+def new_model(model_cfg, cfg: TrainConfig) -> torch.nn.Module:
+    """The model a TrainConfig asks for: a TransformerXL for model='xl', else build_model's."""
+    if cfg.model == "xl":
+        return TransformerXL(model_cfg)
+    return build_model(model_cfg, cfg.attention, cfg.max_relative)
 
 
 AUX_NAMES = ("positions", "layers", "targets")
@@ -145,12 +170,33 @@ PRESETS: dict[str, tuple[dict, dict]] = {
 }
 
 
-def preset(name: str) -> tuple[CharTransformerConfig, TrainConfig]:
-    """The model and training configs of a named preset."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: expected one of {', '.join(PRESETS)}")
-    model_kw, train_kw = PRESETS[name]
-    return CharTransformerConfig(**model_kw), TrainConfig(out=f"runs/{name}", **train_kw)
+# The same names for --model xl. base: the paper's 12-layer enwik8 model and its optimiser
+# settings (lr 2.5e-4, batch 22, clip 0.25; the paper trains 400k steps, not 20k).
+PRESETS_XL: dict[str, tuple[dict, dict]] = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, tgt_len=128,
+                  mem_len=128, pre_lnorm=True),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=256,
+                   mem_len=256, pre_lnorm=True),
+              dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)),
+    "base": (dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, tgt_len=512,
+                  mem_len=512, dropout=0.1),
+             dict(steps=20000, batch_size=22, lr=2.5e-4, warmup=0, grad_clip=0.25,
+                  eval_every=1000, ckpt_every=1000, eval_batches=50)),
+}
+
+
+def preset(name: str, model: str = "char"):
+    """The model and training configs of a named preset, for model 'char' or 'xl'."""
+    table = PRESETS_XL if model == "xl" else PRESETS
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: expected one of {', '.join(MODELS)}")
+    if name not in table:
+        raise ValueError(f"unknown preset {name!r}: expected one of {', '.join(table)}")
+    model_kw, train_kw = table[name]
+    config = TransformerXLConfig if model == "xl" else CharTransformerConfig
+    out = f"runs/{name}" + ("-xl" if model == "xl" else "")
+    return config(**model_kw), TrainConfig(out=out, model=model, **train_kw)
 
 
 class CheckpointError(RuntimeError):
@@ -217,6 +263,21 @@ def train_step(objective, params: list, opt: torch.optim.Optimizer, x: torch.Ten
     return {k: v.detach() for k, v in parts.items()}
 
 
+def make_xl_objective(fwd, state: dict):
+    """objective(x, y, progress) for a TransformerXL: reads and replaces state['mems'].
+
+    Returns the same keys as make_objective (no auxiliary parts: they are zero).
+    """
+    def objective(x: torch.Tensor, y: torch.Tensor, progress: float) -> dict:
+        logits, state["mems"] = fwd(x, state["mems"])  # (B, T, V); memories for the next step
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        zero = loss.detach().new_zeros(())
+        return {"loss": loss, "final": loss, "next_byte": loss.detach(), "layers": zero,
+                "targets": zero}
+
+    return objective
+
+
 def save_checkpoint(path: Path, payload: dict) -> None:
     """torch.save to a temporary file beside path, then rename: a crash never leaves half a file."""
     path = Path(path)
@@ -247,13 +308,21 @@ def load_checkpoint(path: Path) -> dict:
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict | Path) -> CharTransformer:
-    """Rebuild the model a checkpoint describes and load its weights."""
+def checkpoint_model_kind(ckpt: dict) -> str:
+    """'char' or 'xl': which model a checkpoint holds."""
+    return ckpt.get("train_config", {}).get("model", "char")
+
+
+def model_from_checkpoint(ckpt: dict | Path) -> torch.nn.Module:
+    """Rebuild the model a checkpoint describes (CharTransformer or TransformerXL), with weights."""
     ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
     try:
         tc = ckpt.get("train_config", {})
-        model = build_model(CharTransformerConfig(**ckpt["model_config"]),
-                            tc.get("attention", "default"), tc.get("max_relative", 16))
+        if checkpoint_model_kind(ckpt) == "xl":
+            model = TransformerXL(TransformerXLConfig(**ckpt["model_config"]))
+        else:
+            model = build_model(CharTransformerConfig(**ckpt["model_config"]),
+                                tc.get("attention", "default"), tc.get("max_relative", 16))
     except (TypeError, ValueError, KeyError) as err:
         raise CheckpointError(f"checkpoint's model_config is unusable: {err}") from err
     try:
@@ -304,9 +373,10 @@ _LOGGED = {"train_bpc": "next_byte", "loss": "loss", "aux_layers": "layers",
            "aux_targets": "targets"}
 
 
-def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = False,
-          overwrite: bool = False, progress: bool = True) -> dict:
-    """Train a CharTransformer; returns a summary dict with the final held-out bpc."""
+def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConfig, *,
+          resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Train a CharTransformer (random windows) or, with cfg.model='xl', a TransformerXL on
+    ordered streams with memory carried across steps; returns a summary dict."""
     from tqdm.auto import tqdm
 
     out = Path(cfg.out)
@@ -319,19 +389,31 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
+    is_xl = cfg.model == "xl"
+    if is_xl != isinstance(model_cfg, TransformerXLConfig):
+        raise ValueError(f"model={cfg.model!r} needs a "
+                         f"{'TransformerXLConfig' if is_xl else 'CharTransformerConfig'}, got "
+                         f"{type(model_cfg).__name__}")
+    seq_len = model_cfg.tgt_len if is_xl else model_cfg.block_size
     corpus = load_corpus(cfg.corpus)
     for split in ("train", "valid"):
-        if len(getattr(corpus, split)) <= model_cfg.block_size:
-            raise ValueError(f"the {split} split of {corpus.name!r} has "
-                             f"{len(getattr(corpus, split))} bytes, too few for windows of "
-                             f"block_size={model_cfg.block_size}; use more text or a smaller "
-                             "--block-size")
+        n_split = len(getattr(corpus, split))
+        need = cfg.batch_size * seq_len + 1 if (is_xl and split == "train") else seq_len + 1
+        if n_split < need:
+            what = (f"{cfg.batch_size} streams of at least one segment of tgt_len={seq_len}"
+                    if is_xl and split == "train" else f"windows of {seq_len} bytes")
+            raise ValueError(f"the {split} split of {corpus.name!r} has {n_split} bytes, too few "
+                             f"for {what}; use more text, a smaller batch or shorter segments")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = build_model(model_cfg, cfg.attention, cfg.max_relative).to(device)
+    model = new_model(model_cfg, cfg).to(device)
     aux = AuxLosses(parse_aux_losses(cfg.aux_losses, cfg.aux_targets), n_layer=model_cfg.n_layer,
                     d_model=model_cfg.d_model, vocab_size=model_cfg.vocab_size).to(device)
-    params = list(model.parameters()) + list(aux.parameters())
+    params = list(model.parameters()) + ([] if is_xl else list(aux.parameters()))
+    if is_xl:  # B ordered streams, read one segment per step; memory carried in xl_state
+        x_stream, y_stream = stream_tensors(corpus.train, cfg.batch_size)
+        n_segments = x_stream.size(1) // seq_len  # full segments per pass
+    xl_state: dict = {"mems": None}
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     start = 0
     if resume:
@@ -340,6 +422,10 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             raise CheckpointError(f"{ckpt_path} holds a model of config {ckpt['model_config']}, "
                                   f"not the {asdict(model_cfg)} asked for; resume with the "
                                   "same preset and flags")
+        old_kind = checkpoint_model_kind(ckpt)
+        if old_kind != cfg.model:
+            raise CheckpointError(f"{ckpt_path} holds a --model {old_kind} run; resume it with "
+                                  f"--model {old_kind}")
         old_attn = (ckpt["train_config"].get("attention", "default"),
                     ckpt["train_config"].get("max_relative", 16))
         if old_attn != (cfg.attention, cfg.max_relative):
@@ -351,6 +437,8 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
                                   f"--aux-targets {old_aux[1]}; resume with the same losses")
         model.load_state_dict(ckpt["model"])
         aux.load_state_dict(ckpt["aux"])
+        if ckpt.get("mems") is not None:
+            xl_state["mems"] = [m.to(device) for m in ckpt["mems"]]
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["sampler_rng"])
         torch.set_rng_state(ckpt["torch_rng"])
@@ -363,7 +451,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
         _trim_metrics(out / METRICS, start)
     out.mkdir(parents=True, exist_ok=True)
     fwd = torch.compile(model) if cfg.compile else model  # save `model`: no _orig_mod. prefix
-    objective = make_objective(fwd, model, aux)
+    objective = make_xl_objective(fwd, xl_state) if is_xl else make_objective(fwd, model, aux)
 
     def checkpoint(step: int) -> None:
         save_checkpoint(ckpt_path, {
@@ -373,11 +461,16 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
             "train_config": asdict(cfg), "sampler_rng": gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+            "mems": None if xl_state["mems"] is None else [m.cpu() for m in xl_state["mems"]],
         })
 
     def held_out(max_batches: int | None) -> float:
         with autocast(device):
-            return evaluate_bpc(model, corpus.valid, seq_len=model_cfg.block_size,
+            if is_xl:  # up to max_batches segments of every stream, with memory
+                streams = min(cfg.batch_size, (len(corpus.valid) - 1) // seq_len)
+                limit = None if max_batches is None else max_batches * streams * seq_len + 1
+                return evaluate_bpc_xl(model, corpus.valid[:limit], batch_size=streams)
+            return evaluate_bpc(model, corpus.valid, seq_len=seq_len,
                                 batch_size=cfg.batch_size, max_batches=max_batches)
 
     new_file = not (out / METRICS).exists() or not resume
@@ -385,7 +478,7 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
     writer = csv.DictWriter(log, fieldnames=_COLUMNS)
     if new_file:
         writer.writeheader()
-    tokens_per_step = cfg.batch_size * model_cfg.block_size
+    tokens_per_step = cfg.batch_size * seq_len
     t0, t_log, running, n_run = time.perf_counter(), time.perf_counter(), {}, 0
     completed = start  # optimiser steps whose update is in the weights
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
@@ -394,7 +487,14 @@ def train(model_cfg: CharTransformerConfig, cfg: TrainConfig, *, resume: bool = 
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            x, y = random_windows(corpus.train, cfg.batch_size, model_cfg.block_size, generator=gen)
+            if is_xl:
+                segment = step % n_segments
+                if segment == 0:
+                    xl_state["mems"] = None  # a new pass over the streams: no memory yet
+                cols = slice(segment * seq_len, (segment + 1) * seq_len)
+                x, y = x_stream[:, cols], y_stream[:, cols]
+            else:
+                x, y = random_windows(corpus.train, cfg.batch_size, seq_len, generator=gen)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             parts = train_step(objective, params, opt, x, y, device, cfg.grad_clip,
                                progress=step / cfg.steps)
@@ -449,22 +549,30 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int = 20,
-          warmup: int = 5, device: str = "auto", compile: bool = False,
-          peak: float | None = None, attention: str = "default", max_relative: int = 16) -> dict:
-    """Training throughput (forward, backward, AdamW step) in tokens/s, and MFU on CUDA."""
+def bench(model_cfg, *, batch_size: int = 32, steps: int = 20, warmup: int = 5,
+          device: str = "auto", compile: bool = False, peak: float | None = None,
+          attention: str = "default", max_relative: int = 16, model: str = "char") -> dict:
+    """Training throughput (forward, backward, AdamW step) in tokens/s, and MFU on CUDA.
+
+    model='xl' carries the memory from step to step, as training does.
+    """
     dev = resolve_device(device)
     torch.manual_seed(0)
-    model = build_model(model_cfg, attention, max_relative).to(dev)
-    fwd = torch.compile(model) if compile else model
-    objective = make_objective(fwd, model, AuxLosses(AuxLossConfig(), n_layer=model_cfg.n_layer,
-                                                     d_model=model_cfg.d_model))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    T = model_cfg.block_size
+    cfg = TrainConfig(attention=attention, max_relative=max_relative, model=model)
+    net = new_model(model_cfg, cfg).to(dev)
+    fwd = torch.compile(net) if compile else net
+    if model == "xl":
+        objective = make_xl_objective(fwd, {"mems": None})
+        T = model_cfg.tgt_len
+    else:
+        objective = make_objective(fwd, net, AuxLosses(AuxLossConfig(), n_layer=model_cfg.n_layer,
+                                                       d_model=model_cfg.d_model))
+        T = model_cfg.block_size
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
     x = torch.randint(0, model_cfg.vocab_size, (batch_size, T), device=dev)
 
     def step():
-        train_step(objective, list(model.parameters()), opt, x, x, dev)
+        train_step(objective, list(net.parameters()), opt, x, x, dev)
 
     for _ in range(warmup):
         step()
@@ -477,19 +585,28 @@ def bench(model_cfg: CharTransformerConfig, *, batch_size: int = 32, steps: int 
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
     tokens_per_s = steps * batch_size * T / secs
-    n_params = sum(p.numel() for p in model.parameters())
-    n_matmul = n_params - (model.pos.numel() if model.pos is not None else 0)  # tables are adds
+    n_params = sum(p.numel() for p in net.parameters())
     c = model_cfg
-    # 6N per token for the weights (forward + backward) plus 12 L T C for the attention
-    # scores, counted in full (the PaLM convention) although a causal kernel skips half.
-    flops_per_token = 6 * n_matmul + 12 * c.n_layer * T * c.d_model
+    if model == "xl":
+        # 6N per token for the weights; W_kR projects Tk = T + M distances per segment, not T;
+        # the content (a, c) and position (b, d) scores and the weighted sum over Tk keys are
+        # three [T, Tk] products per layer: 18 L Tk (H D), counted in full.
+        Tk = T + c.mem_len
+        r_params = sum(layer.dec_attn.r_net.weight.numel() for layer in net.layers
+                       if c.pos == "relative")
+        flops_per_token = 6 * n_params + 6 * r_params * (Tk / T - 1) + 18 * c.n_layer * Tk * c.n_head * c.d_head
+    else:
+        n_matmul = n_params - (net.pos.numel() if net.pos is not None else 0)  # tables are adds
+        # 6N per token for the weights (forward + backward) plus 12 L T C for the attention
+        # scores, counted in full (the PaLM convention) although a causal kernel skips half.
+        flops_per_token = 6 * n_matmul + 12 * c.n_layer * T * c.d_model
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     peak = peak if peak is not None else (peak_tflops(name) if dev.type == "cuda" else None)
     mfu = flops_per_token * tokens_per_s / (peak * 1e12) if peak else None
     return {"device": name, "params": n_params, "tokens_per_s": tokens_per_s,
             "tflops": flops_per_token * tokens_per_s / 1e12, "peak_tflops": peak, "mfu": mfu,
             "batch_size": batch_size, "block_size": T, "steps": steps, "compile": compile,
-            "attention": attention}
+            "attention": attention, "model": model}
 
 
 def with_overrides(cfg, **overrides):

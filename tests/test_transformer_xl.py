@@ -1,0 +1,330 @@
+"""Chapter 4: rel_shift, the four-term score, recurrence, stop-gradient, causality, trainer."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minixl
+from minixl import check
+from minixl.char_transformer import causal_mask, leakage_matrix
+from minixl.cli import main
+from minixl.data import encode
+from minixl.transformer_xl import (NoMemory, TransformerXL, TransformerXLConfig, evaluate_bpc_xl,
+                                   generate_xl, rel_scores, rel_scores_naive, rel_shift,
+                                   relative_distances, relative_positions, stream_nll)
+
+SHAPES = [(1, 1), (3, 3), (3, 5), (1, 7), (4, 9), (6, 6), (2, 12)]
+
+
+def tiny(**kw) -> TransformerXLConfig:
+    base = dict(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8)
+    return TransformerXLConfig(**{**base, **kw})
+
+
+def naive_shift(x: torch.Tensor) -> torch.Tensor:
+    """The definition by indexing: y[..., i, j] = x[..., i, Tk - 1 - (M + i - j)] where allowed."""
+    qlen, klen = x.shape[-2:]
+    y = torch.zeros_like(x)
+    for i in range(qlen):
+        for j in range(klen - qlen + i + 1):
+            y[..., i, j] = x[..., i, klen - 1 - (klen - qlen + i - j)]
+    return y
+
+
+@pytest.mark.parametrize("qlen,klen", SHAPES)
+@pytest.mark.parametrize("lead", [(), (2,), (2, 3)])
+def test_rel_shift_matches_the_definition_on_allowed_entries(qlen, klen, lead):
+    x = torch.randn(*lead, qlen, klen, generator=torch.Generator().manual_seed(qlen * klen))
+    keep = causal_mask(qlen, klen)
+    assert torch.equal(rel_shift(x)[..., keep], naive_shift(x)[..., keep])
+
+
+def test_rel_shift_junk_is_wrapped_not_zero():
+    # The entries above the shifted diagonal are not part of the contract; the reference's
+    # pad-and-view leaves wrapped numbers there, and so do we: the mask must hide them.
+    x = torch.arange(1, 16, dtype=torch.float).view(3, 5)
+    y = rel_shift(x)
+    assert y[0, 4] == x[1, 0] != 0  # a number from the next row, not a zero
+
+
+def test_rel_shift_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="qlen <= klen"):
+        rel_shift(torch.zeros(5, 3))
+    with pytest.raises(ValueError, match=r"\[..., qlen, klen\]"):
+        rel_shift(torch.zeros(4))
+
+
+@pytest.mark.parametrize("qlen,klen", [(4, 4), (4, 10), (1, 6), (5, 7)])
+def test_efficient_scores_equal_naive_four_terms(qlen, klen):
+    g = torch.Generator().manual_seed(klen)
+    B, H, D, C = 2, 3, 4, 16
+    q = torch.randn(B, H, qlen, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, klen, D, generator=g, dtype=torch.float64)
+    w = torch.randn(H, D, C, generator=g, dtype=torch.float64)
+    u, v = torch.randn(2, H, D, generator=g, dtype=torch.float64)
+    dist = relative_distances(qlen, klen)
+    r_desc = relative_positions(torch.arange(klen - 1, -1, -1), C).double()  # (Tk, C)
+    r_pair = torch.einsum("ijc,hdc->hijd", relative_positions(dist.clamp(min=0), C).double(), w)
+    fast = rel_scores(q, k, r_desc @ w.transpose(1, 2), u, v)
+    naive = rel_scores_naive(q, k, r_pair, u, v)
+    keep = causal_mask(qlen, klen)
+    torch.testing.assert_close(fast[..., keep], naive[..., keep])
+
+
+def test_each_naive_term_is_what_its_name_says():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 2, 3, generator=g), torch.randn(1, 1, 4, 3, generator=g)
+    r = torch.randn(1, 2, 4, 3, generator=g)
+    zero = torch.zeros(1, 3)
+    u = torch.randn(1, 3, generator=g)
+    # with q = 0 only (c) and (d) remain: u . k_j and v . r_ij
+    got = rel_scores_naive(torch.zeros_like(q), k, r, u, zero)
+    torch.testing.assert_close(got[0, 0], (u @ k[0, 0].T).expand(2, 4))
+    got = rel_scores_naive(torch.zeros_like(q), torch.zeros_like(k), r, zero, u)
+    torch.testing.assert_close(got[0, 0], (r[0] @ u[0]))
+
+
+def test_relative_positions_clamp():
+    d = torch.arange(10)
+    R = relative_positions(d, 8, clamp_len=4)
+    assert torch.equal(R[4:], R[4].expand(6, 8)) and not torch.equal(R[3], R[4])
+    assert torch.equal(relative_positions(d, 8), minixl.sinusoid_positions(10, 8))
+
+
+@pytest.mark.parametrize("split,mem_len", [(5, 5), (13, 13), (13, 30), (1, 1)])
+def test_two_segments_with_memory_equal_one_causal_pass(split, mem_len):
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    tokens = torch.randint(0, 256, (3, 21))
+    with torch.no_grad():
+        whole, _ = model(tokens, mem_len=0)
+        first, mems = model(tokens[:, :split], mem_len=mem_len)
+        second, _ = model(tokens[:, split:], mems)
+    torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_three_segments_and_pre_lnorm_also_match():
+    torch.manual_seed(1)
+    model = TransformerXL(tiny(pre_lnorm=True, n_layer=3)).eval()
+    tokens = torch.randint(0, 256, (2, 24))
+    with torch.no_grad():
+        whole, _ = model(tokens, mem_len=0)
+        outs, mems = [], None
+        for chunk in tokens.split([7, 9, 8], dim=1):
+            out, mems = model(chunk, mems, mem_len=24)
+            outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_short_memory_differs_from_one_pass():
+    # the memory keeps only the last 4 states, so the second segment sees less: not equal
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    tokens = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        whole, _ = model(tokens, mem_len=0)
+        _, mems = model(tokens[:, :8], mem_len=4)
+        second, _ = model(tokens[:, 8:], mems)
+    assert mems[0].shape == (1, 4, 32)
+    assert (second - whole[:, 8:]).abs().max() > 1e-3
+
+
+def test_absolute_positions_break_the_equality():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(pos="absolute")).eval()
+    tokens = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        whole, _ = model(tokens, mem_len=0)
+        _, mems = model(tokens[:, :8], mem_len=8)
+        second, _ = model(tokens[:, 8:], mems)
+    assert (second - whole[:, 8:]).abs().max() > 1e-2
+
+
+def test_no_gradient_flows_into_memory():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny())
+    leaves = []
+
+    def as_leaf(module, args, out):
+        leaves.append(out.detach().requires_grad_(True))
+        return leaves[-1]
+
+    hook = model.word_emb.register_forward_hook(as_leaf)
+    _, mems = model(torch.randint(0, 256, (2, 8)))
+    logits, new_mems = model(torch.randint(0, 256, (2, 8)), mems)
+    hook.remove()
+    logits.logsumexp(-1).sum().backward()
+    assert leaves[0].grad is None  # the first segment reaches the loss only through memory
+    assert leaves[1].grad is not None and leaves[1].grad.abs().sum() > 0
+    assert not any(m.requires_grad for m in mems + new_mems)
+
+
+def test_memory_update_keeps_the_last_mem_len_inputs():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(mem_len=6)).eval()
+    inputs = []
+    hook = model.layers[1].register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+    _, mems = model(torch.randint(0, 256, (2, 4)))
+    assert [m.shape for m in mems] == [(2, 4, 32)] * 2
+    _, mems2 = model(torch.randint(0, 256, (2, 5)), mems)
+    hook.remove()
+    assert mems2[1].shape == (2, 6, 32)
+    want = torch.cat([inputs[0], inputs[1]], 1)[:, -6:]  # layer 1's inputs, last 6
+    torch.testing.assert_close(mems2[1], want)
+    _, none = model(torch.randint(0, 256, (2, 5)), mems, mem_len=0)
+    assert none[0].shape == (2, 0, 32)
+
+
+@pytest.mark.parametrize("pos", ["relative", "absolute"])
+def test_causal_within_a_segment(pos):
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(pos=pos))
+    dep = leakage_matrix(NoMemory(model), encode("causal check!"))
+    assert torch.all(dep.triu(diagonal=1) == 0) and torch.all(dep.diagonal() > 0)
+
+
+def test_causal_with_memory_future_tokens_do_not_change_earlier_logits():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    _, mems = model(torch.randint(0, 256, (1, 8)))
+    seg = torch.randint(0, 256, (1, 8))
+    changed = seg.clone()
+    changed[0, 5:] = (changed[0, 5:] + 1) % 256
+    with torch.no_grad():
+        a, _ = model(seg, mems)
+        b, _ = model(changed, mems)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert (a[:, 5:] - b[:, 5:]).abs().max() > 1e-4
+
+
+def test_memory_changes_the_output():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    seg = torch.randint(0, 256, (1, 8))
+    with torch.no_grad():
+        _, m1 = model(torch.randint(0, 256, (1, 8)))
+        _, m2 = model(torch.randint(0, 256, (1, 8)))
+        assert (model(seg, m1)[0] - model(seg, m2)[0]).abs().max() > 1e-4
+
+
+def test_bad_inputs_give_clear_errors():
+    model = TransformerXL(tiny())
+    with pytest.raises(ValueError, match="LongTensor"):
+        model(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="mems must be 2 tensors"):
+        model(torch.zeros(2, 3, dtype=torch.long), [torch.zeros(2, 4, 32)])
+    with pytest.raises(ValueError, match="one length"):
+        model(torch.zeros(2, 3, dtype=torch.long), [torch.zeros(2, 4, 32), torch.zeros(2, 5, 32)])
+    for bad in (dict(mem_len=-1), dict(d_model=33), dict(pos="rope"), dict(dropout=1.0),
+                dict(tgt_len=0)):
+        with pytest.raises(ValueError):
+            tiny(**bad)
+
+
+def test_stream_nll_with_one_stream_equals_one_pass():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    data = torch.randint(0, 256, (41,), dtype=torch.uint8)
+    nll = stream_nll(model, data, tgt_len=8, mem_len=40)  # memory covers everything
+    with torch.no_grad():
+        logits, _ = model(data[:-1].long()[None], mem_len=0)
+    want = F.cross_entropy(logits[0], data[1:].long(), reduction="none")
+    torch.testing.assert_close(nll[0], want, atol=1e-5, rtol=1e-5)
+    assert evaluate_bpc_xl(model, data, tgt_len=8, mem_len=40) == pytest.approx(
+        want.mean().item() / math.log(2), rel=1e-5)
+
+
+def test_generate_xl_matches_sampling_from_full_passes():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(mem_len=64)).eval()
+    prompt = encode("abcdefghijk")  # longer than one segment of 8
+    out = generate_xl(model, prompt, 6, generator=torch.Generator().manual_seed(3))
+    assert out.shape == (17,) and torch.equal(out[:11], prompt)
+    # with a memory longer than the text, the same draws come from one pass over everything
+    g = torch.Generator().manual_seed(3)
+    tokens = prompt[None]
+    with torch.no_grad():
+        for _ in range(6):
+            logits, _ = model(tokens, mem_len=0)
+            nxt = minixl.sample_next(logits[:, -1], generator=g)
+            tokens = torch.cat([tokens, nxt], 1)
+    assert torch.equal(out, tokens[0])
+    with pytest.raises(ValueError, match="temperature"):
+        generate_xl(model, prompt, 2, temperature=0)
+
+
+def test_checker_accepts_reference_and_names_slips(capsys):
+    assert check.rel_shift(rel_shift)
+    qk = lambda x: x.shape[-2:]
+
+    def right_pad(x):
+        q, k = qk(x)
+        return F.pad(x, (0, 1)).reshape(*x.shape[:-2], k + 1, q)[..., 1:, :].reshape(x.shape)
+
+    def ascending(x):
+        q, k = qk(x)
+        return x.gather(-1, relative_distances(q, k).clamp(0, k - 1).expand(x.shape))
+
+    assert not check.rel_shift(right_pad)
+    assert "padded on the right" in capsys.readouterr().out
+    assert not check.rel_shift(ascending)
+    assert "ascending" in capsys.readouterr().out
+    assert not check.rel_shift(lambda x: x[..., :1])
+    assert "shape" in capsys.readouterr().out
+
+
+def test_xl_trains_from_the_cli_resumes_and_evaluates_with_longer_memory(tmp_path, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    out = tmp_path / "run"
+    common = ["--model", "xl", "--corpus", str(corpus), "--out", str(out), "--n-layer", "2",
+              "--d-model", "32", "--n-head", "2", "--d-head", "16", "--d-inner", "64",
+              "--tgt-len", "16", "--mem-len", "16", "--batch-size", "4", "--no-progress",
+              "--sample-len", "20", "--eval-every", "4", "--ckpt-every", "4", "--device", "cpu"]
+    assert main(["train", *common, "--steps", "6"]) == 0
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["train_config"]["model"] == "xl" and ckpt["step"] == 6
+    assert [tuple(m.shape) for m in ckpt["mems"]] == [(4, 16, 32)] * 2
+    assert main(["train", *common, "--steps", "8", "--resume"]) == 0
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 8
+    capsys.readouterr()
+    path = str(out / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", path, "--model", "xl", "--mem-len", "64",
+                 "--max-bytes", "801"]) == 0
+    assert "memory of 64" in capsys.readouterr().out
+    assert main(["eval", "--checkpoint", path, "--protocol", "sliding", "--stride", "8",
+                 "--max-bytes", "401"]) == 0
+    assert "sliding window" in capsys.readouterr().out
+    assert main(["sample", "--checkpoint", path, "--n", "10"]) == 0
+    # wrong kind, wrong flags: one clear line, exit 2
+    assert main(["eval", "--checkpoint", path, "--model", "char"]) == 2
+    assert "holds a --model xl checkpoint" in capsys.readouterr().err
+    assert main(["train", *common, "--steps", "4", "--block-size", "8", "--overwrite"]) == 2
+    assert "--block-size applies to --model char" in capsys.readouterr().err
+    assert main(["train", *common, "--steps", "12", "--resume", "--aux-losses", "layers"]) == 2
+    assert "--aux-losses" in capsys.readouterr().err
+
+
+def test_resume_continues_exactly(tmp_path):
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("".join(chr(97 + (i * 7) % 26) for i in range(6000)))
+    args = ["--model", "xl", "--corpus", str(corpus), "--n-layer", "1", "--d-model", "16",
+            "--n-head", "2", "--d-head", "8", "--d-inner", "32", "--tgt-len", "8", "--mem-len",
+            "8", "--batch-size", "4", "--no-progress", "--sample-len", "0", "--eval-every", "100",
+            "--ckpt-every", "3", "--device", "cpu"]
+    assert main(["train", *args, "--out", str(tmp_path / "a"), "--steps", "6"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--steps", "3"]) == 0
+    assert main(["train", *args, "--out", str(tmp_path / "b"), "--steps", "6", "--resume"]) == 0
+    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key])
+    for ma, mb in zip(a["mems"], b["mems"]):
+        torch.testing.assert_close(ma, mb)
+
+
+def test_bench_xl_runs_on_cpu():
+    r = minixl.train.bench(tiny(), batch_size=2, steps=2, warmup=1, device="cpu", model="xl")
+    assert r["tokens_per_s"] > 0 and r["block_size"] == 8 and r["model"] == "xl"
