@@ -90,7 +90,8 @@ def cmd_train(args) -> None:
     model = result["model"]
     print(f"corpus: {result['corpus'].description}")
     print(f"trained {cfg.steps} steps on {result['device']} in {result['seconds']:.0f} s")
-    print(f"held-out bpc (valid, all positions): {result['valid_bpc']:.3f}")
+    how = "with memory" if cfg.model == "xl" else "all positions"
+    print(f"held-out bpc (valid, {how}): {result['valid_bpc']:.3f}")
     print(f"run folder: {result['out']} (checkpoint.pt, metrics.csv, loss.png)")
     if args.sample_len:
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -143,7 +144,7 @@ def cmd_eval(args) -> None:
                                  f", got {value}")
         c = model.config
         tgt_len, mem_len = args.tgt_len or c.tgt_len, c.mem_len if args.mem_len is None else args.mem_len
-        streams = max(1, min(args.batch_size, (len(data) - 1) // tgt_len))
+        streams = T.xl_eval_streams(len(data), tgt_len, args.batch_size)
         with T.autocast(device):
             bpc = evaluate_bpc_xl(model, data, tgt_len=tgt_len, mem_len=mem_len,
                                   clamp_len=args.clamp_len, batch_size=streams)
@@ -240,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--clamp-len", type=int, help="memory: cap on relative distances")
     e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     e.add_argument("--max-bytes", type=int, help="evaluate only the first N bytes of the split")
-    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--batch-size", type=int, default=64, help="windows per batch; with memory, "
+                   "the most parallel streams (each kept at least 32 segments long)")
     e.add_argument("--device", default="auto")
     e.set_defaults(func=cmd_eval)
 

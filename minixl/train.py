@@ -31,7 +31,7 @@ from .transformer_xl import TransformerXL, TransformerXLConfig, evaluate_bpc_xl
 __all__ = [
     "TrainConfig", "PRESETS", "CheckpointError", "preset", "resolve_device", "train", "train_step",
     "parse_aux_losses", "make_objective", "make_xl_objective", "build_model", "ATTENTIONS",
-    "MODELS", "new_model", "is_xl", "checkpoint_model_kind", "save_checkpoint",
+    "MODELS", "new_model", "is_xl", "xl_eval_streams", "checkpoint_model_kind", "save_checkpoint",
     "load_checkpoint", "model_from_checkpoint", "bench", "peak_tflops",
 ]
 
@@ -111,6 +111,12 @@ def build_model(model_cfg: CharTransformerConfig, attention: str = "default",
 def is_xl(model: torch.nn.Module) -> bool:
     """True for a Transformer-XL (called with memories), False for a windowed model."""
     return isinstance(model, TransformerXL)
+
+
+def xl_eval_streams(n_bytes: int, tgt_len: int, max_streams: int) -> int:
+    """How many parallel streams to evaluate n_bytes with memory: at most max_streams, and few
+    enough that each stream is at least 32 segments long (its first segment has no memory)."""
+    return max(1, min(max_streams, (n_bytes - 1) // (32 * tgt_len)))
 
 
 def new_model(model_cfg, cfg: TrainConfig) -> torch.nn.Module:
@@ -467,7 +473,7 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
     def held_out(max_batches: int | None) -> float:
         with autocast(device):
             if is_xl:  # up to max_batches segments of every stream, with memory
-                streams = min(cfg.batch_size, (len(corpus.valid) - 1) // seq_len)
+                streams = xl_eval_streams(len(corpus.valid), seq_len, cfg.batch_size)
                 limit = None if max_batches is None else max_batches * streams * seq_len + 1
                 return evaluate_bpc_xl(model, corpus.valid[:limit], batch_size=streams)
             return evaluate_bpc(model, corpus.valid, seq_len=seq_len,

@@ -328,3 +328,10 @@ def test_resume_continues_exactly(tmp_path):
 def test_bench_xl_runs_on_cpu():
     r = minixl.train.bench(tiny(), batch_size=2, steps=2, warmup=1, device="cpu", model="xl")
     assert r["tokens_per_s"] > 0 and r["block_size"] == 8 and r["model"] == "xl"
+
+
+def test_eval_streams_stay_long_enough_for_memory():
+    from minixl.train import xl_eval_streams
+    assert xl_eval_streams(10**5, 128, 64) == 24  # (10^5 - 1) // (32 * 128)
+    assert xl_eval_streams(10**8, 128, 64) == 64  # capped by the batch size
+    assert xl_eval_streams(8193, 128, 64) == 2 and xl_eval_streams(100, 128, 64) == 1
