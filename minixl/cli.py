@@ -53,8 +53,16 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 
 
+MEMORY_FLAGS = ("tgt_len", "mem_len", "clamp_len")
+
+
+def _given(args, names: tuple[str, ...]) -> list[str]:
+    """The flags among names that were set on the command line."""
+    return [_flag(n) for n in names if getattr(args, n, None) is not None]
+
+
 def _reject(args, names: tuple[str, ...], model: str) -> None:
-    given = [_flag(n) for n in names if getattr(args, n, None) is not None]
+    given = _given(args, names)
     if given:
         other = "char" if model == "xl" else "xl"
         raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to "
@@ -78,7 +86,8 @@ def _configs(args):
 
 def _sample(model, prompt, n, **kw):
     """Chapter 1's generate for windowed models, Chapter 4's (with memory) for Transformer-XL."""
-    return generate_xl(model, prompt, n, **kw) if T.is_xl(model) else generate(model, prompt, n, **kw)
+    sample = generate_xl if T.is_xl(model) else generate
+    return sample(model, prompt, n, **kw)
 
 
 def cmd_train(args) -> None:
@@ -118,7 +127,7 @@ def cmd_eval(args) -> None:
         raise ValueError(f"{args.checkpoint} holds a --model {kind} checkpoint, not --model "
                          f"{args.model}")
     if kind == "char":
-        _reject(args, ("tgt_len", "mem_len", "clamp_len"), "char")
+        _reject(args, MEMORY_FLAGS, "char")
     model = T.model_from_checkpoint(ckpt).to(device)
     corpus_name = args.corpus or ckpt["train_config"]["corpus"]
     corpus = load_corpus(corpus_name)
@@ -137,13 +146,13 @@ def cmd_eval(args) -> None:
         if args.seq_len is not None:
             raise ValueError("--seq-len applies to the window protocols; with memory use "
                              "--tgt-len and --mem-len")
-        for name in ("tgt_len", "mem_len", "clamp_len"):
-            value = getattr(args, name)
-            if value is not None and value < (1 if name == "tgt_len" else 0):
-                raise ValueError(f"{_flag(name)} must be {'positive' if name == 'tgt_len' else '>= 0'}"
-                                 f", got {value}")
+        for name in MEMORY_FLAGS:
+            value, least = getattr(args, name), 1 if name == "tgt_len" else 0
+            if value is not None and value < least:
+                raise ValueError(f"{_flag(name)} must be at least {least}, got {value}")
         c = model.config
-        tgt_len, mem_len = args.tgt_len or c.tgt_len, c.mem_len if args.mem_len is None else args.mem_len
+        tgt_len = c.tgt_len if args.tgt_len is None else args.tgt_len
+        mem_len = c.mem_len if args.mem_len is None else args.mem_len
         streams = T.xl_eval_streams(len(data), tgt_len, args.batch_size)
         with T.autocast(device):
             bpc = evaluate_bpc_xl(model, data, tgt_len=tgt_len, mem_len=mem_len,
@@ -152,7 +161,10 @@ def cmd_eval(args) -> None:
               f"stream{'s' * (streams > 1)}, segments of {tgt_len}, memory of {mem_len})")
         return
     if kind == "xl":
-        _reject(args, ("tgt_len", "mem_len", "clamp_len"), "xl --protocol " + protocol)
+        given = _given(args, MEMORY_FLAGS)
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to --protocol memory; the window "
+                             "protocols take --seq-len")
         model, block = NoMemory(model), model.config.tgt_len
     else:
         block = model.config.block_size

@@ -600,7 +600,8 @@ def bench(model_cfg, *, batch_size: int = 32, steps: int = 20, warmup: int = 5,
         Tk = T + c.mem_len
         r_params = sum(layer.dec_attn.r_net.weight.numel() for layer in net.layers
                        if c.pos == "relative")
-        flops_per_token = 6 * n_params + 6 * r_params * (Tk / T - 1) + 18 * c.n_layer * Tk * c.n_head * c.d_head
+        flops_per_token = (6 * n_params + 6 * r_params * (Tk / T - 1)
+                           + 18 * c.n_layer * Tk * c.n_head * c.d_head)
     else:
         n_matmul = n_params - (net.pos.numel() if net.pos is not None else 0)  # tables are adds
         # 6N per token for the weights (forward + backward) plus 12 L T C for the attention

@@ -298,6 +298,8 @@ def test_xl_trains_from_the_cli_resumes_and_evaluates_with_longer_memory(tmp_pat
                  "--max-bytes", "401"]) == 0
     assert "sliding window" in capsys.readouterr().out
     assert main(["sample", "--checkpoint", path, "--n", "10"]) == 0
+    assert main(["eval", "--checkpoint", path, "--protocol", "sliding", "--mem-len", "8"]) == 2
+    assert "apply to --protocol memory" in capsys.readouterr().err
     # wrong kind, wrong flags: one clear line, exit 2
     assert main(["eval", "--checkpoint", path, "--model", "char"]) == 2
     assert "holds a --model xl checkpoint" in capsys.readouterr().err
