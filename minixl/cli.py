@@ -146,17 +146,13 @@ def cmd_eval(args) -> None:
         if args.seq_len is not None:
             raise ValueError("--seq-len applies to the window protocols; with memory use "
                              "--tgt-len and --mem-len")
-        for name in MEMORY_FLAGS:
-            value, least = getattr(args, name), 1 if name == "tgt_len" else 0
-            if value is not None and value < least:
-                raise ValueError(f"{_flag(name)} must be at least {least}, got {value}")
-        c = model.config
-        tgt_len = c.tgt_len if args.tgt_len is None else args.tgt_len
-        mem_len = c.mem_len if args.mem_len is None else args.mem_len
+        # the config's own checks validate the overrides
+        c = T.with_overrides(model.config, **{n: getattr(args, n) for n in MEMORY_FLAGS})
+        tgt_len, mem_len = c.tgt_len, c.mem_len
         streams = T.xl_eval_streams(len(data), tgt_len, args.batch_size)
         with T.autocast(device):
             bpc = evaluate_bpc_xl(model, data, tgt_len=tgt_len, mem_len=mem_len,
-                                  clamp_len=args.clamp_len, batch_size=streams)
+                                  clamp_len=c.clamp_len, batch_size=streams)
         print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes as {streams} "
               f"stream{'s' * (streams > 1)}, segments of {tgt_len}, memory of {mem_len})")
         return

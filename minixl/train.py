@@ -395,19 +395,19 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
-    is_xl = cfg.model == "xl"
-    if is_xl != isinstance(model_cfg, TransformerXLConfig):
+    xl = cfg.model == "xl"
+    if xl != isinstance(model_cfg, TransformerXLConfig):
         raise ValueError(f"model={cfg.model!r} needs a "
-                         f"{'TransformerXLConfig' if is_xl else 'CharTransformerConfig'}, got "
+                         f"{'TransformerXLConfig' if xl else 'CharTransformerConfig'}, got "
                          f"{type(model_cfg).__name__}")
-    seq_len = model_cfg.tgt_len if is_xl else model_cfg.block_size
+    seq_len = model_cfg.tgt_len if xl else model_cfg.block_size
     corpus = load_corpus(cfg.corpus)
     for split in ("train", "valid"):
         n_split = len(getattr(corpus, split))
-        need = cfg.batch_size * seq_len + 1 if (is_xl and split == "train") else seq_len + 1
+        need = cfg.batch_size * seq_len + 1 if (xl and split == "train") else seq_len + 1
         if n_split < need:
             what = (f"{cfg.batch_size} streams of at least one segment of tgt_len={seq_len}"
-                    if is_xl and split == "train" else f"windows of {seq_len} bytes")
+                    if xl and split == "train" else f"windows of {seq_len} bytes")
             raise ValueError(f"the {split} split of {corpus.name!r} has {n_split} bytes, too few "
                              f"for {what}; use more text, a smaller batch or shorter segments")
     torch.manual_seed(cfg.seed)
@@ -415,8 +415,8 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
     model = new_model(model_cfg, cfg).to(device)
     aux = AuxLosses(parse_aux_losses(cfg.aux_losses, cfg.aux_targets), n_layer=model_cfg.n_layer,
                     d_model=model_cfg.d_model, vocab_size=model_cfg.vocab_size).to(device)
-    params = list(model.parameters()) + ([] if is_xl else list(aux.parameters()))
-    if is_xl:  # B ordered streams, read one segment per step; memory carried in xl_state
+    params = list(model.parameters()) + ([] if xl else list(aux.parameters()))
+    if xl:  # B ordered streams, read one segment per step; memory carried in xl_state
         x_stream, y_stream = stream_tensors(corpus.train, cfg.batch_size)
         n_segments = x_stream.size(1) // seq_len  # full segments per pass
     xl_state: dict = {"mems": None}
@@ -457,7 +457,7 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
         _trim_metrics(out / METRICS, start)
     out.mkdir(parents=True, exist_ok=True)
     fwd = torch.compile(model) if cfg.compile else model  # save `model`: no _orig_mod. prefix
-    objective = make_xl_objective(fwd, xl_state) if is_xl else make_objective(fwd, model, aux)
+    objective = make_xl_objective(fwd, xl_state) if xl else make_objective(fwd, model, aux)
 
     def checkpoint(step: int) -> None:
         save_checkpoint(ckpt_path, {
@@ -472,7 +472,7 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
 
     def held_out(max_batches: int | None) -> float:
         with autocast(device):
-            if is_xl:  # up to max_batches segments of every stream, with memory
+            if xl:  # up to max_batches segments of every stream, with memory
                 streams = xl_eval_streams(len(corpus.valid), seq_len, cfg.batch_size)
                 limit = None if max_batches is None else max_batches * streams * seq_len + 1
                 return evaluate_bpc_xl(model, corpus.valid[:limit], batch_size=streams)
@@ -493,7 +493,7 @@ def train(model_cfg: CharTransformerConfig | TransformerXLConfig, cfg: TrainConf
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            if is_xl:
+            if xl:
                 segment = step % n_segments
                 if segment == 0:
                     xl_state["mems"] = None  # a new pass over the streams: no memory yet

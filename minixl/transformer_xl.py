@@ -238,6 +238,9 @@ class TransformerXL(nn.Module):
                              f"length M, got {[tuple(m.shape) for m in mems]}")
         mem_len = c.mem_len if mem_len is None else mem_len
         clamp_len = c.clamp_len if clamp_len is None else clamp_len
+        if mem_len < 0 or clamp_len < 0:
+            raise ValueError(f"mem_len and clamp_len must be >= 0 (0 = none), got {mem_len} "
+                             f"and {clamp_len}")
         h = self.word_emb(tokens) * math.sqrt(c.d_model)  # (B, T, C)
         pos_emb = None
         if c.pos == "relative":

@@ -337,3 +337,9 @@ def test_eval_streams_stay_long_enough_for_memory():
     assert xl_eval_streams(10**5, 128, 64) == 24  # (10^5 - 1) // (32 * 128)
     assert xl_eval_streams(10**8, 128, 64) == 64  # capped by the batch size
     assert xl_eval_streams(8193, 128, 64) == 2 and xl_eval_streams(100, 128, 64) == 1
+
+
+def test_negative_memory_overrides_are_rejected():
+    model = TransformerXL(tiny())
+    with pytest.raises(ValueError, match="mem_len and clamp_len must be >= 0"):
+        model(torch.zeros(1, 3, dtype=torch.long), mem_len=-1)
