@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     'next_byte_loss', 'intermediate_weight', 'layer_weights', 'AuxLossConfig',
-    'AuxLosses', 'sliding_windows', 'evaluate_bpc_sliding',
+    'AuxLosses', 'AuxObjective', 'sliding_windows', 'evaluate_bpc_sliding',
 ]
 
 import math
@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .char_transformer import eval_mode
 
 
 def next_byte_loss(logits: torch.Tensor, targets: torch.Tensor, *,
@@ -126,6 +128,27 @@ class AuxLosses(nn.Module):
                 "targets": extra}
 
 
+class AuxObjective(nn.Module):
+    """AuxLosses as the trainer's objective: (model, x, y, state, progress) -> (losses, state).
+
+    The model must accept return_hidden=True and have readout(h), as CharTransformer does.
+    """
+
+    def __init__(self, aux: AuxLosses):
+        super().__init__()
+        self.aux = aux
+
+    def forward(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, state=None,
+                progress: float = 0.0):
+        logits, hidden = model(x, return_hidden=True)  # (B, T, V), n_layer x (B, T, C)
+        parts = self.aux(logits, hidden, y, progress=progress, readout=model.readout)
+        # With every position trained, the main loss is already the number to log.
+        logged = parts["final"] if self.aux.config.positions else next_byte_loss(logits, y)
+        return {"loss": parts["loss"], "next_byte": logged.detach(),
+                "aux_layers": parts["layers"].detach(),
+                "aux_targets": parts["targets"].detach()}, None
+
+
 def sliding_windows(n: int, seq_len: int, stride: int = 1) -> list[tuple[int, int]]:
     """Windows that score bytes 1..n-1 of data [n] exactly once: (start, n_scored) pairs.
 
@@ -156,11 +179,11 @@ def evaluate_bpc_sliding(model: nn.Module, data: torch.Tensor, *, seq_len: int, 
     """
     windows = sliding_windows(len(data), seq_len, stride)
     L = min(seq_len, len(data) - 1)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    try:
+    with eval_mode(model):
         for b in range(0, len(windows), batch_size):
             chunk = windows[b:b + batch_size]
             starts = torch.tensor([s for s, _ in chunk])
@@ -168,9 +191,8 @@ def evaluate_bpc_sliding(model: nn.Module, data: torch.Tensor, *, seq_len: int, 
             seq = data[idx].long().to(device)
             x, y = seq[:, :-1], seq[:, 1:]  # (W, L) each
             keep = torch.arange(L) >= L - torch.tensor([k for _, k in chunk])[:, None]  # (W, L)
-            nll = F.cross_entropy(model(x).float().transpose(1, 2), y, reduction="none")
+            logits, _ = model.step(x)  # (W, L, V), no state: every window on its own
+            nll = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")
             total += nll[keep.to(device)].sum().item()
             count += int(keep.sum())
-    finally:
-        model.train(was_training)
     return total / count / math.log(2)

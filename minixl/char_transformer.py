@@ -11,10 +11,11 @@ from __future__ import annotations
 __all__ = [
     'causal_mask', 'attention_weights', 'attention', 'MultiHeadAttention', 'Block',
     'sinusoid_positions', 'POSITIONS', 'CharTransformerConfig', 'default_attention',
-    'CharTransformer', 'leakage_matrix', 'evaluate_bpc', 'check_sampling_args',
-    'sample_next', 'generate',
+    'CharTransformer', 'eval_mode', 'leakage_matrix', 'evaluate_bpc', 'lr_at',
+    'check_sampling_args', 'sample_next', 'generate',
 ]
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -213,6 +214,26 @@ class CharTransformer(nn.Module):
         """Next-byte logits [B, T, V] from hidden states [B, T, C] (final norm, tied head)."""
         return self.head(self.ln_f(h))
 
+    def step(self, tokens: torch.Tensor, state: torch.Tensor | None = None):
+        """The model protocol: logits [B, T, V] for tokens [B, T] that continue the bytes in
+        `state`, and the new state. Here the state is the context itself, the last
+        block_size - 1 bytes read ([B, M] or None); each call reads it again."""
+        keep = 0 if state is None else min(state.size(1), max(0, self.config.block_size - tokens.size(1)))
+        context = tokens if keep == 0 else torch.cat([state[:, state.size(1) - keep:], tokens], 1)
+        logits = self(context)[:, keep:]  # (B, T, V): predictions for the new tokens only
+        return logits, context[:, max(0, context.size(1) - self.config.block_size + 1):]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """Run a block with the model in eval mode (no dropout), then restore its mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
 
 def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """[T, T]: how much output i depends on input j, for tokens [T].
@@ -228,14 +249,12 @@ def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         captured["x"] = out.detach().requires_grad_(True)
         return captured["x"]
 
-    was_training = model.training
-    model.eval()  # dropout off: we want the function, not a random draw of it
     handle = model.tok.register_forward_hook(make_leaf)
     try:
-        out = model(tokens[None].to(model.tok.weight.device))  # (1, T, V)
+        with eval_mode(model):
+            out = model(tokens[None].to(model.tok.weight.device))  # (1, T, V)
     finally:
         handle.remove()
-        model.train(was_training)
     probe = torch.randn(out.size(-1), generator=torch.Generator().manual_seed(0))
     probe = probe.to(out.device, out.dtype)
     rows = []
@@ -246,37 +265,45 @@ def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int, batch_size: int = 16,
-                 max_batches: int | None = None) -> float:
-    """Bits per byte of a model on data [N], every position of non-overlapping windows scored once."""
-    n = (len(data) - 1) // seq_len
-    if n < 1:
-        raise ValueError(f"data has {len(data)} bytes, fewer than one window of seq_len={seq_len}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int,
+                 batch_size: int = 16) -> float:
+    """Bits per byte of data [N]: windows of seq_len (the last one shorter), every position
+    scored once; the model is read through step(tokens), with no state."""
+    if len(data) < 2 or seq_len < 1 or batch_size < 1:
+        raise ValueError(f"need at least 2 bytes, seq_len >= 1 and batch_size >= 1, got "
+                         f"{len(data)}, {seq_len} and {batch_size}")
     device = next(model.parameters()).device
-    x = data[: n * seq_len].long().view(n, seq_len)  # (N, T)
-    y = data[1 : n * seq_len + 1].long().view(n, seq_len)
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        for b, start in enumerate(range(0, n, batch_size)):
-            if max_batches is not None and b >= max_batches:
-                break
-            xb, yb = x[start:start + batch_size].to(device), y[start:start + batch_size].to(device)
-            logits = model(xb).float()  # (B, T, V)
-            total += F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum").item()
-            count += yb.numel()
-    finally:
-        model.train(was_training)
-    return total / count / math.log(2)
+    n, tail = divmod(len(data) - 1, seq_len)
+    x, y = data[:-1].long(), data[1:].long()
+    chunks = list(zip(x[:n * seq_len].view(n, seq_len).split(batch_size),  # (B, T) each
+                      y[:n * seq_len].view(n, seq_len).split(batch_size)))
+    if tail:
+        chunks.append((x[n * seq_len:][None], y[n * seq_len:][None]))  # (1, tail)
+    total = 0.0
+    with eval_mode(model):
+        for xb, yb in chunks:
+            logits, _ = model.step(xb.to(device))  # (B, T, V)
+            total += F.cross_entropy(logits.float().flatten(0, 1), yb.to(device).flatten(),
+                                     reduction="sum").item()
+    return total / (len(data) - 1) / math.log(2)
+
+
+def lr_at(step: int, steps: int, *, lr: float, warmup: int = 0,
+          min_lr_frac: float = 0.1) -> float:
+    """Learning rate of step `step` (0-based) of `steps`: linear warm-up to lr over `warmup`
+    steps, then a cosine down to lr * min_lr_frac, reached after the last step."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    floor = lr * min_lr_frac
+    return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
 
 
 def check_sampling_args(prompt: torch.Tensor, temperature: float, top_k: int | None) -> None:
-    """Raise a clear ValueError for an empty prompt, temperature <= 0 or top_k < 1."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    """Raise a clear ValueError for an empty prompt, a temperature that is not a finite number
+    above 0, or top_k < 1."""
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be at least 1 (or None for no cut), got {top_k}")
     if prompt.numel() == 0:
@@ -286,7 +313,8 @@ def check_sampling_args(prompt: torch.Tensor, temperature: float, top_k: int | N
 def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from next-token logits [B, V]; returns [B, 1]."""
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # <= 0: no overflow
     if top_k is not None:
         kth = logits.topk(min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -297,18 +325,17 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, n_new: int, *, temperature: float = 1.0,
              top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Extend prompt [T] by n_new sampled tokens; returns [T + n_new]. Context is cut to block_size."""
+    """Extend prompt [T] by n_new sampled tokens with any model's step; returns [T + n_new]."""
     check_sampling_args(prompt, temperature, top_k)
-    block_size = model.config.block_size
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    tokens = prompt.long().view(1, -1).to(device)  # (1, T)
-    try:
+    if n_new < 0:
+        raise ValueError(f"n_new is how many tokens to add, >= 0; got {n_new}")
+    tokens = prompt.long().view(1, -1).to(next(model.parameters()).device)  # (1, T)
+    out = [tokens]
+    with eval_mode(model):
+        logits, state = model.step(tokens)  # read the prompt
         for _ in range(n_new):
-            logits = model(tokens[:, -block_size:])[:, -1]  # (1, V)
-            nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
-            tokens = torch.cat([tokens, nxt], dim=1)
-    finally:
-        model.train(was_training)
-    return tokens[0]
+            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
+                              generator=generator)  # (1, 1)
+            out.append(nxt)
+            logits, state = model.step(nxt, state)
+    return torch.cat(out, dim=1)[0]

@@ -10,21 +10,21 @@ something is, and returns True when every test passes.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Callable
 
 import torch
 
-from .aux_losses import intermediate_weight as _ref_weight
-from .aux_losses import sliding_windows as _ref_windows
-from .char_transformer import attention as _ref_attention
-from .relative_attention import shaw_attention_loop as _ref_shaw
-from .transformer_xl import relative_distances as _ref_distances
-from .char_transformer import causal_mask as _ref_causal_mask
-from .char_transformer import sinusoid_positions as _ref_sinusoid
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
            "sliding_windows", "shaw_attention", "rel_shift"]
+
+
+def _ref(module: str, name: str) -> Callable:
+    """The reference `name` from minixl.<module>, imported when a checker runs: a chapter's
+    checkers work before later chapters' modules exist."""
+    return getattr(importlib.import_module(f".{module}", __package__), name)
 
 
 def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
@@ -49,7 +49,7 @@ def causal_mask(fn: Callable[..., torch.Tensor]) -> bool:
         got, err = _call(fn, qlen, klen)
         if err:
             return _verdict("causal_mask", err, len(cases))
-        want = _ref_causal_mask(qlen, klen)
+        want = _ref("char_transformer", "causal_mask")(qlen, klen)
         if not isinstance(got, torch.Tensor):
             return _verdict("causal_mask", f"expected a torch.Tensor, got {type(got).__name__}", len(cases))
         if tuple(got.shape) != (qlen, klen):
@@ -76,16 +76,17 @@ def causal_mask(fn: Callable[..., torch.Tensor]) -> bool:
 
 def attention(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(q, k, v, mask=None) against scaled dot-product attention."""
+    ref = _ref("char_transformer", "attention")
     g = torch.Generator().manual_seed(0)
     shapes = [(2, 3, 5, 5, 8), (1, 2, 3, 7, 4), (2, 1, 6, 6, 16)]
     n_checks = 2 * len(shapes)
     for B, H, Tq, Tk, D in shapes:
         q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
-        for mask in (None, _ref_causal_mask(Tq, Tk)):
+        for mask in (None, _ref("char_transformer", "causal_mask")(Tq, Tk)):
             got, err = _call(fn, q, k, v, mask)
             if err:
                 return _verdict("attention", err, n_checks)
-            want = _ref_attention(q, k, v, mask)
+            want = ref(q, k, v, mask)
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 return _verdict("attention", f"for q {tuple(q.shape)} and k, v {tuple(k.shape)} "
@@ -94,10 +95,10 @@ def attention(fn: Callable[..., torch.Tensor]) -> bool:
             if torch.allclose(got, want, atol=1e-5):
                 continue
             hint = "the values differ from the reference."
-            unscaled = _ref_attention(q * math.sqrt(D), k, v, mask)
+            unscaled = ref(q * math.sqrt(D), k, v, mask)
             if torch.allclose(got, unscaled, atol=1e-4):
                 hint = "the scores are not divided by sqrt(D), the width of a head."
-            elif mask is not None and torch.allclose(got, _ref_attention(q, k, v), atol=1e-5):
+            elif mask is not None and torch.allclose(got, ref(q, k, v), atol=1e-5):
                 hint = "the mask is ignored: queries see keys they should not."
             elif mask is not None and torch.isnan(got).any():
                 hint = ("the output has NaNs: fill the masked scores with -inf before the "
@@ -120,7 +121,7 @@ def sinusoid_positions(fn: Callable[..., torch.Tensor]) -> bool:
         got, err = _call(fn, length, d)
         if err:
             return _verdict("sinusoid_positions", err, len(cases))
-        want = _ref_sinusoid(length, d)
+        want = _ref("char_transformer", "sinusoid_positions")(length, d)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             return _verdict("sinusoid_positions", f"for length={length}, d_model={d} expected a "
                             f"tensor of shape {tuple(want.shape)}", len(cases))
@@ -142,7 +143,7 @@ def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
         got, err = _call(fn, layer, n, p)
         if err:
             return _verdict("intermediate_weight", err, len(cases))
-        want = _ref_weight(layer, n, p)
+        want = _ref("aux_losses", "intermediate_weight")(layer, n, p)
         try:
             ok = abs(float(got) - want) < 1e-6
         except (TypeError, ValueError):
@@ -192,9 +193,10 @@ def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
                        else f"bytes {twice[:5]} are scored more than once")
             return _verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
                             "scored exactly once", len(cases))
-        if windows != _ref_windows(n, L, stride):
+        want = _ref("aux_losses", "sliding_windows")(n, L, stride)
+        if windows != want:
             return _verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
-                            f"the book's windows {_ref_windows(n, L, stride)}: the first window "
+                            f"the book's windows {want}: the first window "
                             "scores all its positions, each later one starts `stride` bytes on",
                             len(cases))
     return _verdict("sliding_windows", None, len(cases))
@@ -202,19 +204,20 @@ def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
 
 def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(q, k, v, w_k, w_v, mask=None) against Chapter 3's relative attention loop."""
+    ref = _ref("relative_attention", "shaw_attention_loop")
     g = torch.Generator().manual_seed(0)
     shapes = [(2, 2, 5, 5, 4, 2), (1, 3, 3, 6, 8, 1), (2, 1, 4, 4, 4, 7), (1, 2, 6, 6, 4, 0)]
     n_checks = 2 * len(shapes)
     for B, H, Tq, Tk, D, K in shapes:
         q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
         w_k, w_v = torch.randn(2, 2 * K + 1, D, generator=g)
-        for mask in (_ref_causal_mask(Tq, Tk), None):
+        for mask in (_ref("char_transformer", "causal_mask")(Tq, Tk), None):
             where = (f"for q {tuple(q.shape)}, k {tuple(k.shape)}, K={K}, "
                      f"{'with' if mask is not None else 'without'} a mask")
             got, err = _call(fn, q, k, v, w_k, w_v, mask)
             if err:
                 return _verdict("shaw_attention", f"{where}: {err}", n_checks)
-            want = _ref_shaw(q, k, v, w_k, w_v, mask)
+            want = ref(q, k, v, w_k, w_v, mask)
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
                 return _verdict("shaw_attention", f"{where}: the output is {shape}, expected "
@@ -223,16 +226,16 @@ def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
                 continue
             zero = torch.zeros_like(w_v)
             near = lambda other: torch.allclose(got, other, atol=1e-4)
-            if near(_ref_shaw(q, k, v, w_k, zero, mask)):
+            if near(ref(q, k, v, w_k, zero, mask)):
                 hint = "the value term is missing: add sum_j p_ij a^V_ij to the output."
-            elif near(_ref_shaw(q, k, v, w_k.flip(0), w_v.flip(0), mask)):
+            elif near(ref(q, k, v, w_k.flip(0), w_v.flip(0), mask)):
                 hint = ("the distances run the wrong way: row clip(j - i, -K, K) + K of the table "
                         "belongs to query i and key j, so keys to the left use rows below K.")
-            elif near(_ref_shaw(q, k, v, w_k * math.sqrt(D), w_v, mask)):
+            elif near(ref(q, k, v, w_k * math.sqrt(D), w_v, mask)):
                 hint = "the position term q . a^K is not divided by sqrt(D) like the content term."
-            elif near(_ref_shaw(q, k, v, zero, w_v, mask)):
+            elif near(ref(q, k, v, zero, w_v, mask)):
                 hint = "the key-side position term q . a^K is missing from the logits."
-            elif mask is not None and near(_ref_shaw(q, k, v, w_k, w_v, None)):
+            elif mask is not None and near(ref(q, k, v, w_k, w_v, None)):
                 hint = "the mask is ignored."
             else:
                 hint = "the values differ from the reference loop."
@@ -251,7 +254,7 @@ def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     for shape in shapes:
         x = torch.randn(*shape, generator=g)
         qlen, klen = shape[-2:]
-        dist = _ref_distances(qlen, klen)
+        dist = _ref("transformer_xl", "relative_distances")(qlen, klen)
         keep = dist >= 0
         where = f"for x of shape {shape} ({qlen} queries, memory {klen - qlen})"
         got, err = _call(fn, x)

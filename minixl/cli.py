@@ -1,192 +1,207 @@
 """The `minixl` command line: train, sample, eval, bench.
 
-Hand-written (not generated). Run `minixl --help` or `python -m minixl --help`.
+Hand-written glue (not generated). Run `minixl --help` or `python -m minixl --help`.
+
+Exit codes: 0 done; 2 bad input (one line says what was wrong and what is expected);
+3 training diverged (the last good checkpoint is kept); 130 and 143 stopped by SIGINT
+(Ctrl-C) and SIGTERM after saving a checkpoint of the last finished step.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import MISSING, fields
+
 import torch
 
-from . import train as T
-from .aux_losses import evaluate_bpc_sliding
 from .char_transformer import generate
+from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
-from .transformer_xl import NoMemory, evaluate_bpc_xl, generate_xl
+from .device import autocast, resolve_device
+from .evaluation import PROTOCOLS, evaluate
+from .models import KINDS, kind_of, model_from_checkpoint, with_overrides
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
-SHARED_FLAGS = ("n_layer", "d_model", "n_head", "d_inner", "dropout")
-CHAR_FLAGS = ("block_size", "pos")
-XL_FLAGS = ("tgt_len", "mem_len", "clamp_len", "d_head", "pre_lnorm")
+# What each model setting means; every field of every kind's config becomes a flag.
+FIELD_HELP = {
+    "block_size": "the window length", "pos": "absolute positions: per_layer, sinusoid or none",
+    "max_relative": "the clipping distance k of relative attention",
+    "tgt_len": "the segment length", "mem_len": "memory length per layer (0 = none)",
+    "clamp_len": "cap on relative distances (0 = none)", "d_head": "width of one head",
+    "pre_lnorm": "layer norm before each sublayer (tiny, small) or after it (base, as the paper)",
+    "dropatt": "dropout on attention weights",
+}
+TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "grad_clip", "seed", "eval_every",
+               "eval_bytes", "ckpt_every", "log_every")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _model_fields() -> dict[str, tuple[type, list[str]]]:
+    """Every model setting any kind has: name -> (type, the kinds that have it)."""
+    found: dict[str, tuple[type, list[str]]] = {}
+    for kind in KINDS.values():
+        for f in fields(kind.config):
+            if f.name != "vocab_size" and f.default is not MISSING:
+                found.setdefault(f.name, (type(f.default), []))[1].append(kind.name)
+    return found
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help=f"one of {', '.join(T.PRESETS)} (default tiny)")
-    p.add_argument("--model", choices=T.MODELS, default="char",
-                   help="char (Chapters 1-3, windows) or xl (Chapter 4's Transformer-XL, "
-                   "segments with memory)")
-    g = p.add_argument_group("model sizes (override the preset)")
-    for name in ("n_layer", "d_model", "n_head", "d_inner"):
-        g.add_argument(_flag(name), type=int)
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--block-size", type=int, help="char: the window length")
-    g.add_argument("--pos", help="char: per_layer, sinusoid or none")
-    g.add_argument("--tgt-len", type=int, help="xl: the segment length")
-    g.add_argument("--mem-len", type=int, help="xl: memory length per layer")
-    g.add_argument("--clamp-len", type=int, help="xl: cap on relative distances (0 = none)")
-    g.add_argument("--d-head", type=int, help="xl: width of one head")
-    g.add_argument("--pre-lnorm", action=argparse.BooleanOptionalAction, default=None,
-                   help="xl: layer norm before each sublayer (the tiny and small presets) or "
-                   "after it (base, as in the paper)")
-    p.add_argument("--attention", choices=T.ATTENTIONS, default="default",
-                   help="default (Chapter 1) or shaw (Chapter 3's relative attention; implies "
-                   "--pos none unless --pos is given)")
-    p.add_argument("--max-relative", type=int, default=16,
-                   help="shaw: the clipping distance k (default 16)")
+    p.add_argument("--model", choices=list(KINDS), default="char", help="; ".join(
+        f"{k.name}: {k.summary}" for k in KINDS.values()) + " (default char)")
+    p.add_argument("--preset", default="tiny", help="tiny, small or base (default tiny)")
+    g = p.add_argument_group("model settings (override the preset; each names the models it "
+                             "applies to)")
+    for name, (typ, kinds) in _model_fields().items():
+        what = f"{FIELD_HELP[name]} " if name in FIELD_HELP else ""
+        if typ is bool:
+            g.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{what}({', '.join(kinds)})")
+        else:
+            g.add_argument(_flag(name), type=typ, help=f"{what}({', '.join(kinds)})")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
 
 
-MEMORY_FLAGS = ("tgt_len", "mem_len", "clamp_len")
+def _given(args, names) -> dict:
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
-def _given(args, names: tuple[str, ...]) -> list[str]:
-    """The flags among names that were set on the command line."""
-    return [_flag(n) for n in names if getattr(args, n, None) is not None]
+def _model_config(kind, args):
+    """The preset's model config with the model flags applied; its training settings."""
+    model_cfg, train_kw = kind.preset(args.preset)
+    given = _given(args, _model_fields())
+    own = {f.name for f in fields(kind.config)}
+    foreign = [n for n in given if n not in own]
+    if foreign:
+        others = sorted({k for n in foreign for k in _model_fields()[n][1]})
+        raise ValueError(f"{', '.join(map(_flag, foreign))} appl{'ies' if len(foreign) == 1 else 'y'}"
+                         f" to --model {' or '.join(others)}, not --model {kind.name}")
+    return with_overrides(model_cfg, **given), train_kw
 
 
-def _reject(args, names: tuple[str, ...], model: str) -> None:
-    given = _given(args, names)
-    if given:
-        other = "char" if model == "xl" else "xl"
-        raise ValueError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to "
-                         f"--model {other}, not --model {model}")
+def cmd_train(args) -> int:
+    from .trainer import TrainConfig, TrainingDiverged, TrainingInterrupted, train
 
+    kind = kind_of(args.model)
+    model_cfg, train_kw = _model_config(kind, args)
+    cfg = with_overrides(TrainConfig(**train_kw), device=args.device, compile=args.compile,
+                         **_given(args, TRAIN_FLAGS))
+    aux = (args.aux_losses or "positions", 1 if args.aux_targets is None else args.aux_targets)
+    objective = kind.objective(model_cfg, *aux)
+    if args.sample_len < 0 or (args.sample_len and not args.prompt):
+        raise ValueError("--sample-len must be >= 0, and --prompt not empty when it is > 0")
+    source = args.corpus or "pydoc"
+    corpus = load_corpus(source)
+    batches = kind.batches(corpus.train, cfg.batch_size, model_cfg, seed=cfg.seed)
+    length = getattr(model_cfg, kind.length)
+    if len(corpus.valid) < length + 1:
+        raise ValueError(f"the valid split of {corpus.name!r} has {len(corpus.valid):,} bytes, "
+                         f"too few for one window of {length}; use more text or a smaller "
+                         f"{_flag(kind.length)}")
 
-def _configs(args):
-    model_cfg, train_cfg = T.preset(args.preset, args.model)
-    _reject(args, CHAR_FLAGS if args.model == "xl" else XL_FLAGS, args.model)
-    if args.model == "char" and args.attention == "shaw" and args.pos is None:
-        args.pos = "none"  # relative attention replaces absolute positions
-    own = XL_FLAGS if args.model == "xl" else CHAR_FLAGS
-    model_cfg = T.with_overrides(model_cfg, **{k: getattr(args, k) for k in SHARED_FLAGS + own})
-    train_over = {k: getattr(args, k, None) for k in
-                  ("corpus", "out", "steps", "batch_size", "lr", "eval_every", "ckpt_every", "seed",
-                   "aux_losses", "aux_targets")}
-    return model_cfg, T.with_overrides(train_cfg, device=args.device, compile=args.compile,
-                                       attention=args.attention, max_relative=args.max_relative,
-                                       model=args.model, **train_over)
+    def held_out(model, n_bytes):
+        data = corpus.valid if n_bytes is None else corpus.valid[:n_bytes]
+        return evaluate(model, data, kind.protocols[0], seq_len=length,
+                        batch_size=cfg.batch_size).bpc
 
-
-def _sample(model, prompt, n, **kw):
-    """Chapter 1's generate for windowed models, Chapter 4's (with memory) for Transformer-XL."""
-    sample = generate_xl if T.is_xl(model) else generate
-    return sample(model, prompt, n, **kw)
-
-
-def cmd_train(args) -> None:
-    model_cfg, cfg = _configs(args)
-    if args.sample_len and not args.prompt:
-        raise ValueError("--prompt must not be empty when a sample is asked for (--sample-len)")
-    result = T.train(model_cfg, cfg, resume=args.resume, overwrite=args.overwrite,
-                     progress=not args.no_progress)
-    model = result["model"]
-    print(f"corpus: {result['corpus'].description}")
-    print(f"trained {cfg.steps} steps on {result['device']} in {result['seconds']:.0f} s")
-    how = "with memory" if cfg.model == "xl" else "all positions"
-    print(f"held-out bpc (valid, {how}): {result['valid_bpc']:.3f}")
-    print(f"run folder: {result['out']} (checkpoint.pt, metrics.csv, loss.png)")
+    torch.manual_seed(cfg.seed)
+    model = kind.build(model_cfg)
+    out = args.out or f"runs/{args.preset}" + ("" if kind.name == "char" else f"-{kind.name}")
+    meta = {"kind": kind.name, "objective": "{} targets={}".format(*aux),
+            "corpus": {"source": source, "sha256": corpus.sha256}}
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"minixl train: --model {kind.name}, {n_params:,} parameters, {cfg.steps} steps of "
+          f"{cfg.batch_size} x {length} bytes of {corpus.name}, run folder {out}", flush=True)
+    try:
+        result = train(model, cfg, batches=batches, objective=objective, held_out=held_out,
+                       out=out, resume=args.resume, overwrite=args.overwrite,
+                       allow_change=tuple(args.allow_change), meta=meta,
+                       progress=not args.no_progress)
+    except TrainingInterrupted as err:
+        print(f"minixl train: {err}", file=sys.stderr)
+        return 128 + err.signum
+    except TrainingDiverged as err:
+        print(f"minixl train: {err}", file=sys.stderr)
+        return 3
+    print(f"corpus: {corpus.description}")
+    print(f"trained {cfg.steps} steps on {result.device} in {result.seconds:.0f} s")
+    print(f"held-out bpc (valid, {kind.protocols[0]}): {result.valid_bpc:.3f}")
+    print(f"run folder: {result.out} (checkpoint.pt, metrics.csv, loss.png)")
     if args.sample_len:
         gen = torch.Generator().manual_seed(cfg.seed)
-        out = _sample(model, encode(args.prompt), args.sample_len, temperature=0.8, generator=gen)
-        print("sample:\n" + decode(out))
+        text = generate(result.model, encode(args.prompt), args.sample_len, temperature=0.8,
+                        generator=gen)
+        print("sample:\n" + decode(text))
+    return 0
 
 
-def cmd_sample(args) -> None:
-    device = T.resolve_device(args.device)
-    model = T.model_from_checkpoint(args.checkpoint).to(device)
+def cmd_sample(args) -> int:
+    if args.n < 0:
+        raise ValueError(f"--n is how many bytes to generate, >= 0; got {args.n}")
+    device = resolve_device(args.device)
+    model = model_from_checkpoint(args.checkpoint).to(device)
     gen = torch.Generator().manual_seed(args.seed)
-    prompt = encode(args.prompt)
-    with T.autocast(device):
-        out = _sample(model, prompt, args.n, temperature=args.temperature, top_k=args.top_k,
-                      generator=gen)
+    with autocast(device):
+        out = generate(model, encode(args.prompt), args.n, temperature=args.temperature,
+                       top_k=args.top_k, generator=gen)
     print(decode(out))
+    return 0
 
 
-def cmd_eval(args) -> None:
-    device = T.resolve_device(args.device)
-    ckpt = T.load_checkpoint(args.checkpoint)
-    kind = T.checkpoint_model_kind(ckpt)
-    if args.model is not None and args.model != kind:
-        raise ValueError(f"{args.checkpoint} holds a --model {kind} checkpoint, not --model "
-                         f"{args.model}")
-    if kind == "char":
-        _reject(args, MEMORY_FLAGS, "char")
-    model = T.model_from_checkpoint(ckpt).to(device)
-    corpus_name = args.corpus or ckpt["train_config"]["corpus"]
-    corpus = load_corpus(corpus_name)
-    data = getattr(corpus, args.split)
-    if args.max_bytes is not None:
-        if args.max_bytes < 2:
-            raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
-        data = data[:args.max_bytes]
-    protocol = args.protocol or ("memory" if kind == "xl" else "all-positions")
+def cmd_eval(args) -> int:
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint)
+    model = model_from_checkpoint(ckpt).to(device)
+    kind = KINDS[ckpt["meta"]["kind"]]
+    if args.model is not None and args.model != kind.name:
+        raise ValueError(f"{args.checkpoint} holds a --model {kind.name} checkpoint, not "
+                         f"--model {args.model}")
+    protocol = args.protocol or kind.protocols[0]
+    if protocol not in kind.protocols:
+        raise ValueError(f"--protocol {protocol} does not apply to a --model {kind.name} "
+                         f"checkpoint; use {' or '.join(kind.protocols)}")
+    overrides = _given(args, ("tgt_len", "mem_len", "clamp_len"))
+    foreign = [n for n in overrides if n not in kind.eval_overrides]
+    if foreign:
+        takers = " or ".join(k.name for k in KINDS.values() if set(foreign) <= set(k.eval_overrides))
+        verb = "applies" if len(foreign) == 1 else "apply"
+        raise ValueError(f"{', '.join(map(_flag, foreign))} {verb} to --model {takers} "
+                         f"checkpoints, not to a --model {kind.name} checkpoint")
+    if overrides and protocol != "memory":
+        raise ValueError(f"{', '.join(map(_flag, overrides))} apply to --protocol memory; the "
+                         "window protocols take --seq-len")
     if args.stride is not None and protocol != "sliding":
-        raise ValueError("--stride applies to --protocol sliding only")
-    if protocol == "memory":
-        if kind != "xl":
-            raise ValueError("--protocol memory needs a --model xl checkpoint; this one is a "
-                             "windowed model (use all-positions or sliding)")
-        if args.seq_len is not None:
-            raise ValueError("--seq-len applies to the window protocols; with memory use "
-                             "--tgt-len and --mem-len")
-        # the config's own checks validate the overrides
-        c = T.with_overrides(model.config, **{n: getattr(args, n) for n in MEMORY_FLAGS})
-        tgt_len, mem_len = c.tgt_len, c.mem_len
-        streams = T.xl_eval_streams(len(data), tgt_len, args.batch_size)
-        with T.autocast(device):
-            bpc = evaluate_bpc_xl(model, data, tgt_len=tgt_len, mem_len=mem_len,
-                                  clamp_len=c.clamp_len, batch_size=streams)
-        print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes as {streams} "
-              f"stream{'s' * (streams > 1)}, segments of {tgt_len}, memory of {mem_len})")
-        return
-    if kind == "xl":
-        given = _given(args, MEMORY_FLAGS)
-        if given:
-            raise ValueError(f"{', '.join(given)} apply to --protocol memory; the window "
-                             "protocols take --seq-len")
-        model, block = NoMemory(model), model.config.tgt_len
-    else:
-        block = model.config.block_size
-    seq_len = args.seq_len or block
-    if seq_len > block and getattr(model, "pos", None) is not None:
-        raise ValueError(f"--seq-len {seq_len} is longer than the model's block_size "
-                         f"{block} (its learned position table); only models "
-                         "without absolute positions (--pos none) evaluate beyond it")
-    stride = seq_len if protocol == "all-positions" else (args.stride or 1)
-    with T.autocast(device):
-        bpc = evaluate_bpc_sliding(model, data, seq_len=seq_len, stride=stride,
-                                   batch_size=args.batch_size)
-    how = ("all positions of non-overlapping windows" if stride == seq_len else
-           f"sliding window, last {stride} position{'s' * (stride > 1)} of each window")
-    print(f"{corpus_name} {args.split}: {bpc:.4f} bpc ({len(data):,} bytes, windows of {seq_len}, "
-          f"{how})")
+        raise ValueError(f"--stride applies to --protocol sliding, not --protocol {protocol}")
+    if args.seq_len is not None and protocol == "memory":
+        raise ValueError("--seq-len applies to the window protocols; with memory use "
+                         "--tgt-len and --mem-len")
+    model.config = with_overrides(model.config, **overrides)  # validated by the config itself
+    seq_len = getattr(model.config, kind.length) if args.seq_len is None else args.seq_len
+    if args.max_bytes is not None and args.max_bytes < 2:
+        raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
+    source = args.corpus or ckpt["meta"]["corpus"]["source"]
+    data = getattr(load_corpus(source), args.split)[:args.max_bytes]
+    result = evaluate(model, data, protocol, seq_len=seq_len, stride=args.stride,
+                      batch_size=args.batch_size)
+    print(f"{source} {args.split}: {result}")
+    return 0
 
 
-def cmd_bench(args) -> None:
-    model_cfg, _ = _configs(args)
-    r = T.bench(model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
-                compile=args.compile, peak=args.peak_tflops, attention=args.attention,
-                max_relative=args.max_relative, model=args.model)
-    what = "model: xl (memory carried)" if args.model == "xl" else f"attention: {r['attention']}"
-    print(f"device: {r['device']}  params: {r['params']:,}  batch {r['batch_size']} x "
-          f"{r['block_size']}  {what}  compile: {r['compile']}")
+def cmd_bench(args) -> int:
+    from .bench import bench
+
+    kind = kind_of(args.model)
+    model_cfg, _ = _model_config(kind, args)
+    r = bench(kind, model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
+              compile=args.compile, peak=args.peak_tflops)
+    print(f"device: {r['device']}  model: {kind.name}  params: {r['params']:,}  batch "
+          f"{r['batch_size']} x {r['seq_len']}  compile: {r['compile']}")
     print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
     if r["mfu"] is not None:
         print(f"MFU: {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s (bf16 dense peak)")
@@ -194,28 +209,44 @@ def cmd_bench(args) -> None:
         print("MFU: not reported on the CPU")
     else:
         print(f"MFU: unknown peak for {r['device']}; pass --peak-tflops")
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [s.strip().replace("-", "_") for s in text.split(",") if s.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="minixl", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="minixl", description=__doc__.splitlines()[0],
+                                epilog="exit codes: 0 done, 2 bad input, 3 training diverged, "
+                                "130/143 stopped by SIGINT/SIGTERM (checkpoint saved)")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a model; writes a run folder")
     _model_flags(t)
     t.add_argument("--corpus", help="pydoc (default), enwik8, text8, or a path to a text file")
-    t.add_argument("--out", help="run folder (default runs/PRESET)")
-    t.add_argument("--steps", type=int)
-    t.add_argument("--batch-size", type=int)
-    t.add_argument("--lr", type=float)
+    t.add_argument("--out", help="run folder (default runs/PRESET, or runs/PRESET-MODEL)")
+    t.add_argument("--steps", type=int, help="total optimiser steps of the run (not steps to "
+                   "add): it sets the learning-rate schedule")
+    t.add_argument("--batch-size", type=int, help="windows (or parallel streams) per step")
+    t.add_argument("--lr", type=float, help="peak learning rate")
+    t.add_argument("--warmup", type=int, help="steps of linear warm-up")
+    t.add_argument("--grad-clip", type=float, help="clip the gradient norm (0 = no clipping)")
+    t.add_argument("--seed", type=int, help="seeds the weights, the batches and dropout")
     t.add_argument("--eval-every", type=int, help="held-out bpc every N steps")
+    t.add_argument("--eval-bytes", type=int, help="held-out bytes scored during training")
     t.add_argument("--ckpt-every", type=int, help="checkpoint every N steps")
-    t.add_argument("--seed", type=int)
-    t.add_argument("--aux-losses", help="Chapter 2's losses: comma-separated positions, "
-                   "layers[=W], targets[=W], or none (default: positions)")
+    t.add_argument("--log-every", type=int, help="a metrics.csv row every N steps")
+    t.add_argument("--aux-losses", help="Chapter 2's losses (char, shaw): comma-separated "
+                   "positions, layers[=W], targets[=W], or none (default: positions)")
     t.add_argument("--aux-targets", type=int, help="extra bytes ahead predicted by 'targets' "
                    "(default 1)")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    t.add_argument("--overwrite", action="store_true", help="start again over an existing run")
+    t.add_argument("--resume", action="store_true", help="continue OUT/checkpoint.pt exactly; "
+                   "settings must match the saved ones (see --allow-change)")
+    t.add_argument("--allow-change", type=_names, default=[], metavar="NAME[,NAME]",
+                   help="with --resume: training settings to change on purpose, e.g. steps "
+                   "(stretches the schedule to the new total), lr, corpus")
+    t.add_argument("--overwrite", action="store_true", help="delete the run in OUT, start again")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--sample-len", type=int, default=300, help="bytes to sample at the end")
     t.add_argument("--prompt", default="The ", help="prompt of the final sample")
@@ -225,8 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--prompt", default="The ")
     s.add_argument("--n", type=int, default=300, help="bytes to generate")
-    s.add_argument("--temperature", type=float, default=0.8)
-    s.add_argument("--top-k", type=int)
+    s.add_argument("--temperature", type=float, default=0.8, help="> 0; below 1 sharpens")
+    s.add_argument("--top-k", type=int, help="sample among the k likeliest bytes")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="auto")
     s.set_defaults(func=cmd_sample)
@@ -235,19 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True)
     e.add_argument("--corpus", help="default: the corpus it was trained on")
     e.add_argument("--split", choices=["valid", "test"], default="valid")
-    e.add_argument("--model", choices=T.MODELS, help="optional: check that the checkpoint "
+    e.add_argument("--model", choices=list(KINDS), help="optional: check that the checkpoint "
                    "holds this kind of model")
-    e.add_argument("--seq-len", type=int, help="window length (default: block_size, or tgt_len "
-                   "for xl)")
-    e.add_argument("--protocol", choices=["memory", "all-positions", "sliding"],
-                   help="memory (xl, the default there): segments with memory; all-positions "
-                   "(default for char): every position of non-overlapping windows; sliding: the "
-                   "paper's one prediction per window (seq-len times slower)")
+    e.add_argument("--protocol", choices=PROTOCOLS, help="memory (the default for xl): segments "
+                   "with memory; all-positions (the default for char and shaw): every position "
+                   "of windows; sliding: the paper's one prediction per window (seq-len times "
+                   "slower)")
+    e.add_argument("--seq-len", type=int, help="window length (default: the training one)")
+    e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     e.add_argument("--tgt-len", type=int, help="memory: segment length (default: training's)")
     e.add_argument("--mem-len", type=int, help="memory: memory length (default: training's; "
                    "may be longer)")
     e.add_argument("--clamp-len", type=int, help="memory: cap on relative distances")
-    e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     e.add_argument("--max-bytes", type=int, help="evaluate only the first N bytes of the split")
     e.add_argument("--batch-size", type=int, default=64, help="windows per batch; with memory, "
                    "the most parallel streams (each kept at least 32 segments long)")
@@ -266,11 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
-    except (ValueError, T.CheckpointError, DownloadError, OSError) as err:
+        return args.func(args)
+    except (ValueError, CheckpointError, DownloadError, OSError) as err:
         print(f"minixl {args.command}: error: {err}", file=sys.stderr)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        print(f"minixl {args.command}: interrupted; nothing was saved (a checkpoint already on "
+              "disk is unchanged)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Text as bytes: corpora, verified downloads, and batching.
+"""Text as bytes: corpora, verified downloads, and the batch sources the trainer reads.
 
 Hand-written (not generated from a chapter); the preface and Chapter 1 show how
 to use it. Every corpus is a sequence of byte values 0..255, so the vocabulary
@@ -24,16 +24,17 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
 __all__ = [
     "VOCAB_SIZE", "CorpusSpec", "CORPORA", "Corpus", "DownloadError", "cache_dir",
     "pydoc_text", "download", "fetch_corpus", "load_corpus", "encode", "decode",
-    "random_windows", "stream_batches",
+    "random_windows", "stream_tensors", "stream_batches", "Batch", "RandomWindows",
+    "OrderedStreams", "step_seed",
 ]
 
 VOCAB_SIZE = 256
@@ -80,6 +81,7 @@ class Corpus:
     valid: torch.Tensor
     test: torch.Tensor
     description: str
+    sha256: str = field(default="", repr=False)  # of all the corpus's bytes: a run's identity
 
     def __repr__(self) -> str:
         return (f"Corpus({self.name!r}, train={len(self.train):,}, valid={len(self.valid):,}, "
@@ -107,8 +109,14 @@ def _sha256(path: Path) -> str:
 
 
 def _atomic_target(dest: Path):
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    """An open temporary file beside dest, and its path; a clear error if the folder is not ours."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    except OSError as err:
+        raise DownloadError(
+            f"cannot write to the corpus cache folder {dest.parent} ({err.strerror or err}); "
+            "set MINIXL_DATA to a folder you can write to (default: ~/.cache/minixl)") from err
     return os.fdopen(fd, "wb"), Path(tmp)
 
 
@@ -180,7 +188,7 @@ def _split(name: str, data: bytes, sizes: tuple[int, int, int] | None, descripti
                          f"train/valid/test {sizes}")
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     a, b = sizes[0], sizes[0] + sizes[1]
-    return Corpus(name, t[:a], t[a:b], t[b:], description)
+    return Corpus(name, t[:a], t[a:b], t[b:], description, hashlib.sha256(data).hexdigest())
 
 
 def load_corpus(name: str = "pydoc", *, root: Path | None = None) -> Corpus:
@@ -253,3 +261,64 @@ def stream_batches(data: torch.Tensor, batch_size: int, seg_len: int
     x_all, y_all = stream_tensors(data, batch_size)
     for start in range(0, x_all.size(1), seg_len):
         yield x_all[:, start:start + seg_len], y_all[:, start:start + seg_len]
+
+
+class Batch(NamedTuple):
+    """One training batch: inputs x [B, T], next-byte targets y [B, T], and `fresh`, True
+    when no state may be carried into it from the previous batch."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    fresh: bool
+
+
+def step_seed(seed: int, step: int, stream: int = 0) -> int:
+    """A seed for step `step` of a run seeded `seed`: the same numbers for the same step,
+    whatever ran before it, so a resumed run draws what an uninterrupted one would."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + stream) % (2 ** 63)
+
+
+class RandomWindows:
+    """Batch source for windowed models: batch(step) -> B windows at random offsets.
+
+    The offsets depend only on (seed, step), so a run resumed at step k sees the batches
+    an uninterrupted run sees. Every batch is fresh: windowed models keep no state.
+    """
+
+    def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int = 0):
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"batch_size and seq_len must be positive, got {batch_size} and "
+                             f"{seq_len}")
+        if len(data) < seq_len + 1:
+            raise ValueError(f"{len(data):,} bytes are too few for windows of {seq_len} bytes; "
+                             "use more text or shorter windows")
+        self.data, self.batch_size, self.seq_len, self.seed = data, batch_size, seq_len, seed
+
+    def __call__(self, step: int) -> Batch:
+        gen = torch.Generator().manual_seed(step_seed(self.seed, step))
+        x, y = random_windows(self.data, self.batch_size, self.seq_len, generator=gen)
+        return Batch(x, y, True)
+
+
+class OrderedStreams:
+    """Batch source for models with memory: batch(step) -> segment `step` of B parallel streams.
+
+    data is cut into B streams (see stream_tensors) read in consecutive segments of seq_len;
+    row b of every batch continues row b of the one before. A pass over the streams is
+    n_segments steps; its first batch is fresh (the memory starts empty again).
+    """
+
+    def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int):
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be positive, got {seq_len}")
+        self.x, self.y = stream_tensors(data, batch_size)  # (B, n) each
+        self.seq_len, self.n_segments = seq_len, self.x.size(1) // seq_len
+        if self.n_segments < 1:
+            raise ValueError(f"{len(data):,} bytes are too few for {batch_size} streams of at "
+                             f"least one segment of {seq_len} bytes; use more text, fewer "
+                             "streams (batch size) or shorter segments")
+
+    def __call__(self, step: int) -> Batch:
+        segment = step % self.n_segments
+        cols = slice(segment * self.seq_len, (segment + 1) * self.seq_len)
+        return Batch(self.x[:, cols], self.y[:, cols], segment == 0)

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minixl.char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
+from .char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
 
 
 def relative_index(qlen: int, klen: int, max_relative: int, *, device=None) -> torch.Tensor:

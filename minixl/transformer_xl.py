@@ -12,7 +12,6 @@ __all__ = [
     'relative_distances', 'relative_positions', 'rel_scores_naive', 'rel_shift',
     'rel_scores', 'TransformerXLConfig', 'RelMultiHeadAttention', 'PositionwiseFF',
     'XLLayer', 'TransformerXL', 'NoMemory', 'stream_nll', 'evaluate_bpc_xl',
-    'generate_xl',
 ]
 
 import math
@@ -22,9 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minixl.char_transformer import (causal_mask, check_sampling_args, sample_next,
-                                     sinusoid_positions)
-from minixl.data import stream_batches
+from .char_transformer import causal_mask, eval_mode, sinusoid_positions
+from .data import stream_batches
 
 
 def relative_distances(qlen: int, klen: int, *, device=None) -> torch.Tensor:
@@ -256,6 +254,10 @@ class TransformerXL(nn.Module):
         logits = F.linear(self.drop(h), self.word_emb.weight, self.out_bias)  # (B, T, V)
         return logits, self.update_mems(inputs, mems, mem_len)
 
+    def step(self, tokens: torch.Tensor, state: list[torch.Tensor] | None = None, **kw):
+        """The model protocol (Chapter 1): the state is the memory. Returns (logits, mems)."""
+        return self(tokens, state, **kw)
+
     @torch.no_grad()
     def update_mems(self, inputs: list[torch.Tensor], mems: list[torch.Tensor],
                     mem_len: int) -> list[torch.Tensor]:
@@ -280,54 +282,22 @@ class NoMemory(nn.Module):
 
 
 @torch.no_grad()
-def stream_nll(model: TransformerXL, data: torch.Tensor, *, tgt_len: int | None = None,
-               mem_len: int | None = None, clamp_len: int | None = None,
-               batch_size: int = 1) -> torch.Tensor:
-    """Loss in nats of every next byte of data [N], read as batch_size streams with memory.
-
-    Returns [B, (N - 1) // B]: row b is stream b in order (see data.stream_batches).
-    """
+def stream_nll(model: nn.Module, data: torch.Tensor, *, tgt_len: int | None = None,
+               batch_size: int = 1, **step_kw) -> torch.Tensor:
+    """Loss in nats of every next byte of data [N], read as batch_size streams in segments of
+    tgt_len, the model's state carried from segment to segment (step_kw, e.g. mem_len, go
+    to step). Returns [B, (N - 1) // B]: row b is stream b in order (data.stream_batches)."""
     tgt_len = model.config.tgt_len if tgt_len is None else tgt_len
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    mems, losses = None, []
-    try:
+    state, losses = None, []
+    with eval_mode(model):
         for x, y in stream_batches(data, batch_size, tgt_len):
-            logits, mems = model(x.to(device), mems, mem_len=mem_len, clamp_len=clamp_len)
+            logits, state = model.step(x.to(device), state, **step_kw)  # (B, T, V)
             losses.append(F.cross_entropy(logits.float().transpose(1, 2), y.to(device),
                                           reduction="none").cpu())  # (B, T)
-    finally:
-        model.train(was_training)
     return torch.cat(losses, dim=1)
 
 
-def evaluate_bpc_xl(model: TransformerXL, data: torch.Tensor, **kwargs) -> float:
+def evaluate_bpc_xl(model: nn.Module, data: torch.Tensor, **kwargs) -> float:
     """Bits per byte of data [N] with memory: stream_nll's mean over ln 2 (same keywords)."""
     return stream_nll(model, data, **kwargs).mean().item() / math.log(2)
-
-
-@torch.no_grad()
-def generate_xl(model: TransformerXL, prompt: torch.Tensor, n_new: int, *,
-                temperature: float = 1.0, top_k: int | None = None,
-                generator: torch.Generator | None = None,
-                mem_len: int | None = None) -> torch.Tensor:
-    """Extend prompt [T] by n_new sampled bytes, one segment of one byte at a time with memory."""
-    check_sampling_args(prompt, temperature, top_k)
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    tokens = prompt.long().view(1, -1).to(device)  # (1, T)
-    mems = None
-    try:
-        for chunk in tokens.split(model.config.tgt_len, dim=1):  # read the prompt
-            logits, mems = model(chunk, mems, mem_len=mem_len)
-        out = [tokens]
-        for _ in range(n_new):
-            nxt = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
-                              generator=generator)  # (1, 1)
-            out.append(nxt)
-            logits, mems = model(nxt, mems, mem_len=mem_len)
-    finally:
-        model.train(was_training)
-    return torch.cat(out, dim=1)[0]

@@ -7,12 +7,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import train_args
 
-from minixl import (AuxLossConfig, AuxLosses, CharTransformer, CharTransformerConfig,
-                    evaluate_bpc, evaluate_bpc_sliding, intermediate_weight, layer_weights,
-                    next_byte_loss, sliding_windows)
-from minixl import cli
-from minixl import train as T
+from minixl import (AuxLossConfig, AuxLosses, AuxObjective, CharTransformer,
+                    CharTransformerConfig, evaluate_bpc, evaluate_bpc_sliding, intermediate_weight,
+                    layer_weights, next_byte_loss, sliding_windows)
+from minixl.checkpoint import load_checkpoint
+from minixl.cli import main
+from minixl.data import load_corpus, pydoc_text
+from minixl.models import model_from_checkpoint, parse_aux_losses
 
 SMALL = CharTransformerConfig(n_layer=3, d_model=32, n_head=2, d_inner=64, block_size=16)
 
@@ -170,51 +173,103 @@ def test_batched_sliding_equals_the_definition_and_ignores_aux_heads():
         evaluate_bpc(model, data[:49], seq_len=16), abs=1e-5)
 
 
+def test_objective_trains_the_losses_and_logs_the_next_byte_loss():
+    torch.manual_seed(0)
+    model = CharTransformer(SMALL)
+    x = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
+    y = torch.roll(x, -1, 1)
+    aux = AuxLosses(AuxLossConfig(positions=False, layers=1.0, targets=1), n_layer=3, d_model=32)
+    objective = AuxObjective(aux)
+    parts, state = objective(model, x, y, None, 0.0)
+    assert state is None and set(parts) == {"loss", "next_byte", "aux_layers", "aux_targets"}
+    logits, hidden = model(x, return_hidden=True)
+    want = aux(logits, hidden, y, progress=0.0, readout=model.readout)
+    torch.testing.assert_close(parts["loss"], want["loss"])
+    # the plain objective trains the last position only, but the log shows every position's
+    torch.testing.assert_close(parts["next_byte"], ce(logits, y))
+    assert parts["loss"].requires_grad and not parts["next_byte"].requires_grad
+    assert [n for n, _ in objective.named_parameters()][0].startswith("aux.target_heads.0")
+
+
 def test_parse_aux_losses_spec():
-    c = T.parse_aux_losses("positions,layers=0.5,targets", targets=2)
+    c = parse_aux_losses("positions,layers=0.5,targets", targets=2)
     assert (c.positions, c.layers, c.targets, c.target_weight) == (True, 0.5, 2, 0.5)
-    assert T.parse_aux_losses("none") == AuxLossConfig(positions=False)
-    assert T.parse_aux_losses("positions") == AuxLossConfig()
-    assert T.parse_aux_losses("layers").positions is False
+    assert parse_aux_losses("none") == AuxLossConfig(positions=False)
+    assert parse_aux_losses("positions") == AuxLossConfig()
+    assert parse_aux_losses("layers").positions is False
     for bad, msg in [("position", "unknown auxiliary loss"), ("layers=x", "not a number"),
                      ("positions=2", "no weight")]:
         with pytest.raises(ValueError, match=msg):
-            T.parse_aux_losses(bad)
+            parse_aux_losses(bad)
+    with pytest.raises(ValueError, match="--aux-targets"):
+        parse_aux_losses("targets", targets=0)
 
 
-def test_trainer_logs_parts_and_checkpoints_aux_heads_apart(tmp_path, capsys):
-    model_cfg = CharTransformerConfig(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=32)
-    cfg = T.TrainConfig(out=str(tmp_path / "run"), steps=8, batch_size=4, eval_every=4,
-                        ckpt_every=4, log_every=2, eval_batches=2, device="cpu",
-                        aux_losses="positions,layers,targets")
-    result = T.train(model_cfg, cfg, progress=False)
-    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
+AUX = ["--n-layer", "2", "--aux-losses", "positions,layers,targets"]
+
+
+@pytest.fixture(scope="module")
+def aux_run(tmp_path_factory):
+    """An 8-step 2-layer char run with every auxiliary loss, on a small local text (its
+    held-out split is about 1 kB, so the run's final evaluation is quick)."""
+    folder = tmp_path_factory.mktemp("aux")
+    corpus = folder / "text.txt"
+    corpus.write_bytes(pydoc_text()[:20_000])
+    out = folder / "run"
+    assert main(train_args("char", out, 8, "--corpus", str(corpus), *AUX)) == 0
+    return out, corpus
+
+
+def test_aux_run_logs_parts_and_checkpoints_the_objective_apart(aux_run):
+    out, _ = aux_run
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert float(rows[0]["aux_layers"]) > 0 and float(rows[0]["aux_targets"]) > 0
     assert float(rows[-1]["aux_layers"]) == 0  # all intermediate losses off after half-way
     assert all(float(r["loss"]) > float(r["train_bpc"]) for r in rows)  # targets always add
-    ckpt = T.load_checkpoint(tmp_path / "run" / "checkpoint.pt")
-    assert any(k.startswith("target_heads") for k in ckpt["aux"])
+    ckpt = load_checkpoint(out / "checkpoint.pt")
+    assert ckpt["objective"] and all(k.startswith("aux.target_heads.0.")
+                                     for k in ckpt["objective"])
+    assert ckpt["meta"]["objective"] == "positions,layers,targets targets=1"
     # Evaluation needs the model alone: it loads strictly without the auxiliary heads.
-    model = T.model_from_checkpoint(ckpt)
+    model = model_from_checkpoint(ckpt)
     assert not any("target" in k for k in model.state_dict())
-    want = evaluate_bpc_sliding(result["model"], result["corpus"].valid[:500], seq_len=32,
+
+
+def test_cli_sliding_eval_of_an_aux_run_is_the_chapter_protocol(aux_run, capsys):
+    out, corpus = aux_run
+    model = model_from_checkpoint(out / "checkpoint.pt")
+    want = evaluate_bpc_sliding(model, load_corpus(str(corpus)).valid[:500], seq_len=32,
                                 stride=1)
-    assert cli.main(["eval", "--checkpoint", str(tmp_path / "run" / "checkpoint.pt"),
-                     "--protocol", "sliding", "--max-bytes", "500", "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--protocol", "sliding",
+                 "--max-bytes", "500", "--device", "cpu"]) == 0
     assert f"{want:.4f} bpc" in capsys.readouterr().out
-    with pytest.raises(T.CheckpointError, match="same losses"):
-        T.train(model_cfg, T.with_overrides(cfg, steps=12, aux_losses="positions"), resume=True,
-                progress=False)
 
 
-def test_cli_eval_protocol_errors(tmp_path, capsys):
-    model_cfg = CharTransformerConfig(n_layer=1, d_model=16, n_head=2, d_inner=32, block_size=16)
-    T.train(model_cfg, T.TrainConfig(out=str(tmp_path / "r"), steps=2, batch_size=2,
-                                     device="cpu", eval_batches=1), progress=False)
-    ck = str(tmp_path / "r" / "checkpoint.pt")
-    assert cli.main(["eval", "--checkpoint", ck, "--stride", "2", "--device", "cpu"]) == 2
-    assert "--protocol sliding" in capsys.readouterr().err
-    assert cli.main(["eval", "--checkpoint", ck, "--seq-len", "32", "--device", "cpu"]) == 2
-    assert "block_size" in capsys.readouterr().err
-    assert cli.main(["train", "--aux-losses", "layer", "--out", str(tmp_path / "x")]) == 2
+def test_resuming_with_other_aux_losses_is_refused_with_the_diff(aux_run, capsys):
+    out, corpus = aux_run
+    before = (out / "checkpoint.pt").read_bytes()
+    capsys.readouterr()
+    assert main(train_args("char", out, 8, "--corpus", str(corpus), "--n-layer", "2",
+                           "--aux-losses", "positions", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "trained with other settings" in err
+    assert "objective: 'positions,layers,targets targets=1' -> 'positions targets=1'" in err
+    assert (out / "checkpoint.pt").read_bytes() == before
+
+
+def test_cli_eval_flag_errors(char_run, capsys):
+    ck = str(char_run / "checkpoint.pt")
+    for argv, msg in [
+        (["--stride", "2"], "--stride applies to --protocol sliding"),
+        (["--seq-len", "64"], "block_size=32"),
+        (["--protocol", "memory"], "use all-positions or sliding"),
+        (["--mem-len", "64"], "--mem-len applies to --model xl"),
+        (["--model", "xl"], "holds a --model char checkpoint"),
+        (["--max-bytes", "1"], "--max-bytes must be at least 2"),
+    ]:
+        assert main(["eval", "--checkpoint", ck, "--device", "cpu", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, (argv, err)
+    assert main(["train", "--aux-losses", "layer", "--out", str(char_run.parent / "x")]) == 2
     assert "unknown auxiliary loss 'layer'" in capsys.readouterr().err

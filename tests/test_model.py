@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minixl import CharTransformer, CharTransformerConfig, MultiHeadAttention, attention, causal_mask
-from minixl import evaluate_bpc, generate, leakage_matrix
+from minixl import evaluate_bpc, generate, leakage_matrix, sample_next
 
 SMALL = dict(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=16)
 
@@ -106,19 +106,66 @@ def test_evaluate_bpc_of_a_uniform_model_is_eight_bits():
 def test_evaluate_bpc_matches_a_direct_computation():
     m = model().eval()
     data = torch.randint(0, 256, (100,), dtype=torch.uint8)
+    # 99 predictions: six whole windows of 16, then a last window of the 3 bytes left
     x, y = data[:96].long().view(6, 16), data[1:97].long().view(6, 16)
-    want = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten()) / math.log(2)
-    assert evaluate_bpc(m, data, seq_len=16, batch_size=4) == pytest.approx(want.item(), rel=1e-5)
-    with pytest.raises(ValueError, match="fewer than one window"):
-        evaluate_bpc(m, data[:10], seq_len=16)
+    nll = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten(), reduction="sum")
+    nll += torch.nn.functional.cross_entropy(m(data[96:99].long()[None])[0], data[97:].long(),
+                                             reduction="sum")
+    want = nll.item() / 99 / math.log(2)
+    assert evaluate_bpc(m, data, seq_len=16, batch_size=4) == pytest.approx(want, rel=1e-5)
+    # fewer bytes than a window: one short window
+    short = torch.nn.functional.cross_entropy(m(data[:9].long()[None])[0], data[1:10].long())
+    assert evaluate_bpc(m, data[:10], seq_len=16) == pytest.approx(
+        short.item() / math.log(2), rel=1e-5)
+    for bad in (dict(data=data[:1]), dict(seq_len=0), dict(batch_size=0)):
+        with pytest.raises(ValueError, match="at least 2 bytes"):
+            evaluate_bpc(m, **{"data": data, "seq_len": 16, **bad})
+
+
+@pytest.mark.parametrize("pos", ["per_layer", "sinusoid"])
+@pytest.mark.parametrize("pieces", [[16], [3, 1, 5, 7], [1] * 16, [10, 6]])
+def test_step_in_pieces_equals_one_pass_when_the_text_fits_the_block(pos, pieces):
+    m = model(pos=pos).eval()
+    text = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = m(text)
+        outs, state = [], None
+        for chunk in text.split(pieces, dim=1):
+            logits, state = m.step(chunk, state)
+            assert logits.shape == (2, chunk.size(1), 256)
+            outs.append(logits)
+    torch.testing.assert_close(torch.cat(outs, 1), whole, atol=1e-5, rtol=1e-5)
+    assert torch.equal(state, text[:, -15:])  # the state: the last block_size - 1 bytes
+
+
+def test_step_past_the_block_reads_the_last_block_size_bytes():
+    m = model().eval()
+    text = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        state = None
+        for chunk in text[:, :30].split(10, dim=1):  # each piece must fit the block on its own
+            _, state = m.step(chunk, state)
+        logits, state = m.step(text[:, 30:33], state)
+        want = m(text[:, 33 - 16:33])[:, -3:]  # 13 bytes of context + the 3 new ones
+    torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(state, text[:, 33 - 15:33])
 
 
 def test_generate_extends_prompt_and_crops_context():
     m = model()
-    out = generate(m, torch.arange(5), 30, generator=torch.Generator().manual_seed(0))
-    assert out.shape == (35,) and torch.equal(out[:5], torch.arange(5))
-    again = generate(m, torch.arange(5), 30, generator=torch.Generator().manual_seed(0))
+    out = generate(m, torch.arange(5), 20, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (25,) and torch.equal(out[:5], torch.arange(5))
+    again = generate(m, torch.arange(5), 20, generator=torch.Generator().manual_seed(0))
     assert torch.equal(out, again)
+    assert m.training, "generate must restore the training mode"
+    # the same draws as re-reading the last block_size bytes for every new byte
+    g, tokens = torch.Generator().manual_seed(0), torch.arange(5)[None]
+    with torch.no_grad():
+        m.eval()
+        for _ in range(20):
+            nxt = sample_next(m(tokens[:, -16:])[:, -1], generator=g)
+            tokens = torch.cat([tokens, nxt], 1)
+    assert torch.equal(out, tokens[0])
 
 
 @pytest.mark.parametrize("kw,msg", [(dict(top_k=0), "top_k"), (dict(temperature=0), "temperature")])
@@ -127,6 +174,8 @@ def test_generate_rejects_bad_settings(kw, msg):
         generate(model(), torch.arange(3), 2, **kw)
     with pytest.raises(ValueError, match="prompt is empty"):
         generate(model(), torch.arange(0), 2)
+    with pytest.raises(ValueError, match="n_new"):
+        generate(model(), torch.arange(3), -1)
 
 
 def test_generate_top_k_one_is_greedy():

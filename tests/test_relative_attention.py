@@ -4,11 +4,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import train_args
+
 from minixl import (CharTransformer, CharTransformerConfig, ShawRelativeAttention, attention,
                     causal_mask, leakage_matrix, relative_index, shaw_attention,
                     shaw_attention_gathered, shaw_attention_loop, shaw_factory)
-from minixl import cli
-from minixl import train as T
+from minixl.checkpoint import load_checkpoint
+from minixl.cli import main
+from minixl.data import pydoc_text
+from minixl.models import KINDS, ShawConfig, kind_of, model_from_checkpoint
 
 FAST = [shaw_attention, shaw_attention_gathered]
 
@@ -103,29 +107,36 @@ def test_causal_model_never_trains_right_hand_distances():
 
 
 def test_train_eval_and_resume_with_shaw(tmp_path, capsys):
+    corpus = tmp_path / "text.txt"
+    corpus.write_bytes(pydoc_text()[:20_000])  # a held-out split of 1 kB: a quick final eval
     out = tmp_path / "shaw"
-    args = ["train", "--attention", "shaw", "--max-relative", "4", "--n-layer", "1",
-            "--d-model", "32", "--n-head", "2", "--d-inner", "64", "--block-size", "16",
-            "--steps", "4", "--batch-size", "2", "--eval-every", "4", "--out", str(out),
-            "--device", "cpu", "--no-progress", "--sample-len", "0"]
-    assert cli.main(args) == 0
-    ckpt = T.load_checkpoint(out / "checkpoint.pt")
-    assert ckpt["model_config"]["pos"] == "none" and ckpt["train_config"]["attention"] == "shaw"
-    model = T.model_from_checkpoint(ckpt)
+    assert main(train_args("shaw", out, 4, "--corpus", str(corpus))) == 0
+    ckpt = load_checkpoint(out / "checkpoint.pt")
+    assert ckpt["meta"]["kind"] == "shaw"
+    assert ckpt["model_config"]["pos"] == "none" and ckpt["model_config"]["max_relative"] == 4
+    model = model_from_checkpoint(ckpt)
     assert isinstance(model.blocks[0].attn, ShawRelativeAttention)
-    assert model.blocks[0].attn.w_k.shape == (9, 16)
+    assert model.blocks[0].attn.w_k.shape == (9, 16)  # 2K + 1 distances, d_head = 32 / 2
     capsys.readouterr()
-    assert cli.main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--seq-len", "64",
-                     "--device", "cpu"]) == 0  # 4x the training window
-    assert "windows of 64" in capsys.readouterr().out
-    model_cfg = T.CharTransformerConfig(**ckpt["model_config"])
-    cfg = T.TrainConfig(**{**ckpt["train_config"], "steps": 6, "max_relative": 2})
-    with pytest.raises(T.CheckpointError, match="same attention"):
-        T.train(model_cfg, cfg, resume=True, progress=False)
+    assert main(["eval", "--checkpoint", str(out / "checkpoint.pt"), "--seq-len", "128",
+                 "--max-bytes", "300", "--device", "cpu"]) == 0  # 4x the training window
+    assert "windows of 128" in capsys.readouterr().out
+    before = (out / "checkpoint.pt").read_bytes()
+    assert main(train_args("shaw", out, 4, "--corpus", str(corpus), "--max-relative", "2",
+                           "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "model.max_relative: 4 -> 2" in err and "model.max_relative cannot change on resume" in err
+    assert (out / "checkpoint.pt").read_bytes() == before
 
 
-def test_unknown_attention_is_rejected(capsys):
-    with pytest.raises(ValueError, match="unknown attention"):
-        T.build_model(CharTransformerConfig(), "rotary")
-    with pytest.raises(ValueError, match="max-relative"):
-        T.TrainConfig(max_relative=-1)
+def test_unknown_model_and_bad_settings_are_rejected(capsys):
+    with pytest.raises(ValueError, match="unknown model 'rotary'"):
+        kind_of("rotary")
+    with pytest.raises(ValueError, match="max_relative must be >= 0"):
+        ShawConfig(max_relative=-1)
+    assert ShawConfig().pos == "none" and KINDS["shaw"].config is ShawConfig
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        main(["train", "--model", "rotary"])
+    assert "invalid choice: 'rotary'" in capsys.readouterr().err
+    assert main(["train", "--model", "char", "--max-relative", "4", "--out", "unused"]) == 2
+    assert "--max-relative applies to --model shaw, not --model char" in capsys.readouterr().err

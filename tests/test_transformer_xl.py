@@ -5,15 +5,20 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_args
 
 import minixl
-from minixl import check
-from minixl.char_transformer import causal_mask, leakage_matrix
+from minixl.bench import bench
+from minixl.char_transformer import causal_mask, generate, leakage_matrix, sample_next
+from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
-from minixl.data import encode
+from minixl.data import OrderedStreams, encode
+from minixl.evaluation import memory_streams
+from minixl.models import KINDS
+from minixl.trainer import TrainConfig, train
 from minixl.transformer_xl import (NoMemory, TransformerXL, TransformerXLConfig, evaluate_bpc_xl,
-                                   generate_xl, rel_scores, rel_scores_naive, rel_shift,
-                                   relative_distances, relative_positions, stream_nll)
+                                   rel_scores, rel_scores_naive, rel_shift, relative_distances,
+                                   relative_positions, stream_nll)
 
 SHAPES = [(1, 1), (3, 3), (3, 5), (1, 7), (4, 9), (6, 6), (2, 12)]
 
@@ -236,107 +241,150 @@ def test_stream_nll_with_one_stream_equals_one_pass():
         want.mean().item() / math.log(2), rel=1e-5)
 
 
-def test_generate_xl_matches_sampling_from_full_passes():
+def test_stream_nll_reads_each_stream_as_one_text():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    data = torch.randint(0, 256, (51,), dtype=torch.uint8)
+    nll = stream_nll(model, data, tgt_len=4, batch_size=2, mem_len=30)  # 2 streams of 25
+    assert nll.shape == (2, 25)
+    for b in range(2):
+        stream = data[25 * b: 25 * b + 26].long()
+        with torch.no_grad():
+            logits, _ = model(stream[:-1][None], mem_len=0)
+        torch.testing.assert_close(nll[b], F.cross_entropy(logits[0], stream[1:],
+                                                           reduction="none"),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_step_is_forward_with_the_memory_as_state():
+    torch.manual_seed(0)
+    model = TransformerXL(tiny()).eval()
+    tokens = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        a, state = model.step(tokens[:, :5])
+        b, state = model.step(tokens[:, 5:], state, mem_len=3)
+        want_a, mems = model(tokens[:, :5])
+        want_b, want_mems = model(tokens[:, 5:], mems, mem_len=3)
+    torch.testing.assert_close(torch.cat([a, b], 1), torch.cat([want_a, want_b], 1))
+    assert [m.shape for m in state] == [(2, 3, 32)] * 2
+    for m, w in zip(state, want_mems):
+        torch.testing.assert_close(m, w)
+
+
+def test_generate_with_memory_samples_what_full_rereads_would():
     torch.manual_seed(0)
     model = TransformerXL(tiny(mem_len=64)).eval()
     prompt = encode("abcdefghijk")  # longer than one segment of 8
-    out = generate_xl(model, prompt, 6, generator=torch.Generator().manual_seed(3))
-    assert out.shape == (17,) and torch.equal(out[:11], prompt)
+    out = generate(model, prompt, 12, generator=torch.Generator().manual_seed(3))
+    assert out.shape == (23,) and torch.equal(out[:11], prompt)
     # with a memory longer than the text, the same draws come from one pass over everything
     g = torch.Generator().manual_seed(3)
     tokens = prompt[None]
     with torch.no_grad():
-        for _ in range(6):
+        for _ in range(12):
             logits, _ = model(tokens, mem_len=0)
             nxt = minixl.sample_next(logits[:, -1], generator=g)
             tokens = torch.cat([tokens, nxt], 1)
     assert torch.equal(out, tokens[0])
     with pytest.raises(ValueError, match="temperature"):
-        generate_xl(model, prompt, 2, temperature=0)
+        generate(model, prompt, 2, temperature=0)
 
 
-def test_checker_accepts_reference_and_names_slips(capsys):
-    assert check.rel_shift(rel_shift)
-    qk = lambda x: x.shape[-2:]
-
-    def right_pad(x):
-        q, k = qk(x)
-        return F.pad(x, (0, 1)).reshape(*x.shape[:-2], k + 1, q)[..., 1:, :].reshape(x.shape)
-
-    def ascending(x):
-        q, k = qk(x)
-        return x.gather(-1, relative_distances(q, k).clamp(0, k - 1).expand(x.shape))
-
-    assert not check.rel_shift(right_pad)
-    assert "padded on the right" in capsys.readouterr().out
-    assert not check.rel_shift(ascending)
-    assert "ascending" in capsys.readouterr().out
-    assert not check.rel_shift(lambda x: x[..., :1])
-    assert "shape" in capsys.readouterr().out
+def test_generate_with_short_memory_matches_its_own_recurrence():
+    # mem_len 4 < the text: generate must carry exactly the memory the model keeps
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(mem_len=4)).eval()
+    prompt = encode("abcdef")
+    out = generate(model, prompt, 6, top_k=5, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        logits, mems = model(prompt[None])
+        tokens = prompt[None]
+        for _ in range(6):
+            nxt = sample_next(logits[:, -1], top_k=5, generator=g)
+            tokens = torch.cat([tokens, nxt], 1)
+            logits, mems = model(nxt, mems)
+    assert torch.equal(out, tokens[0])
 
 
-def test_xl_trains_from_the_cli_resumes_and_evaluates_with_longer_memory(tmp_path, capsys):
-    corpus = tmp_path / "text.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
-    out = tmp_path / "run"
-    common = ["--model", "xl", "--corpus", str(corpus), "--out", str(out), "--n-layer", "2",
-              "--d-model", "32", "--n-head", "2", "--d-head", "16", "--d-inner", "64",
-              "--tgt-len", "16", "--mem-len", "16", "--batch-size", "4", "--no-progress",
-              "--sample-len", "20", "--eval-every", "4", "--ckpt-every", "4", "--device", "cpu"]
-    assert main(["train", *common, "--steps", "6"]) == 0
-    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert ckpt["train_config"]["model"] == "xl" and ckpt["step"] == 6
-    assert [tuple(m.shape) for m in ckpt["mems"]] == [(4, 16, 32)] * 2
-    assert main(["train", *common, "--steps", "8", "--resume"]) == 0
-    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 8
+def test_xl_run_from_the_cli_evaluates_with_longer_memory_and_samples(xl_run, small_corpus,
+                                                                     capsys):
+    ckpt = load_checkpoint(xl_run / "checkpoint.pt")
+    assert ckpt["meta"]["kind"] == "xl" and ckpt["step"] == 8
+    assert [tuple(m.shape) for m in ckpt["state"]] == [(4, 16, 32)]  # the memory, per layer
+    path = str(xl_run / "checkpoint.pt")
     capsys.readouterr()
-    path = str(out / "checkpoint.pt")
     assert main(["eval", "--checkpoint", path, "--model", "xl", "--mem-len", "64",
-                 "--max-bytes", "801"]) == 0
+                 "--max-bytes", "801", "--device", "cpu"]) == 0
     assert "memory of 64" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", path, "--protocol", "sliding", "--stride", "8",
-                 "--max-bytes", "401"]) == 0
-    assert "sliding window" in capsys.readouterr().out
-    assert main(["sample", "--checkpoint", path, "--n", "10"]) == 0
-    assert main(["eval", "--checkpoint", path, "--protocol", "sliding", "--mem-len", "8"]) == 2
-    assert "apply to --protocol memory" in capsys.readouterr().err
+                 "--max-bytes", "401", "--device", "cpu"]) == 0
+    assert "sliding windows of 16" in capsys.readouterr().out
+    assert main(["sample", "--checkpoint", path, "--n", "10", "--prompt", "ab",
+                 "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("ab")
     # wrong kind, wrong flags: one clear line, exit 2
-    assert main(["eval", "--checkpoint", path, "--model", "char"]) == 2
-    assert "holds a --model xl checkpoint" in capsys.readouterr().err
-    assert main(["train", *common, "--steps", "4", "--block-size", "8", "--overwrite"]) == 2
-    assert "--block-size applies to --model char" in capsys.readouterr().err
-    assert main(["train", *common, "--steps", "12", "--resume", "--aux-losses", "layers"]) == 2
-    assert "--aux-losses" in capsys.readouterr().err
+    for argv, msg in [
+        (["eval", "--checkpoint", path, "--protocol", "sliding", "--mem-len", "8"],
+         "apply to --protocol memory"),
+        (["eval", "--checkpoint", path, "--seq-len", "8"], "--seq-len applies to the window"),
+        (["eval", "--checkpoint", path, "--model", "char"], "holds a --model xl checkpoint"),
+        (["eval", "--checkpoint", path, "--mem-len", "-1"], "mem_len"),
+        (train_args("xl", xl_run, 8, "--block-size", "8", "--resume"),
+         "--block-size applies to --model char"),
+        (train_args("xl", xl_run, 12, "--resume", "--aux-losses", "layers"), "--aux-losses"),
+        (train_args("xl", xl_run, 12, "--resume", "--corpus", str(small_corpus)),
+         "pass --allow-change steps"),  # a longer run
+    ]:
+        assert main([*argv, "--device", "cpu"]) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err, (argv, err)
 
 
-def test_resume_continues_exactly(tmp_path):
-    corpus = tmp_path / "text.txt"
-    corpus.write_text("".join(chr(97 + (i * 7) % 26) for i in range(6000)))
-    args = ["--model", "xl", "--corpus", str(corpus), "--n-layer", "1", "--d-model", "16",
-            "--n-head", "2", "--d-head", "8", "--d-inner", "32", "--tgt-len", "8", "--mem-len",
-            "8", "--batch-size", "4", "--no-progress", "--sample-len", "0", "--eval-every", "100",
-            "--ckpt-every", "3", "--device", "cpu"]
-    assert main(["train", *args, "--out", str(tmp_path / "a"), "--steps", "6"]) == 0
-    assert main(["train", *args, "--out", str(tmp_path / "b"), "--steps", "3"]) == 0
-    assert main(["train", *args, "--out", str(tmp_path / "b"), "--steps", "6", "--resume"]) == 0
-    a = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
-    b = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
-    for key in a["model"]:
-        torch.testing.assert_close(a["model"][key], b["model"][key])
-    for ma, mb in zip(a["mems"], b["mems"]):
+class Stop(Exception):
+    pass
+
+
+def test_resume_continues_exactly_with_the_memory(tmp_path):
+    data = torch.tensor([(i * 7) % 26 + 97 for i in range(3000)], dtype=torch.uint8)
+    cfg = TrainConfig(steps=6, batch_size=4, lr=1e-3, warmup=0, eval_every=100, ckpt_every=3,
+                      log_every=1, device="cpu")
+    config = tiny(n_layer=1, d_model=16, d_head=8, d_inner=32, mem_len=8, dropout=0.1)
+    batches = OrderedStreams(data, 4, 8)  # 93 segments: the memory is carried at every step
+
+    def run(out, source=batches, resume=False):
+        torch.manual_seed(0)
+        return train(TransformerXL(config), cfg, batches=source, out=out, resume=resume,
+                     progress=False)
+
+    whole = run(tmp_path / "a")
+
+    def stop_at_3(step):
+        if step == 3:
+            raise Stop  # killed after the checkpoint of step 3
+        return batches(step)
+
+    with pytest.raises(Stop):
+        run(tmp_path / "b", stop_at_3)
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.pt")["step"] == 3
+    resumed = run(tmp_path / "b", resume=True)
+    for key, value in whole.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[key], value)
+    a = load_checkpoint(tmp_path / "a" / "checkpoint.pt")["state"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoint.pt")["state"]
+    for ma, mb in zip(a, b, strict=True):
         torch.testing.assert_close(ma, mb)
 
 
 def test_bench_xl_runs_on_cpu():
-    r = minixl.train.bench(tiny(), batch_size=2, steps=2, warmup=1, device="cpu", model="xl")
-    assert r["tokens_per_s"] > 0 and r["block_size"] == 8 and r["model"] == "xl"
+    r = bench(KINDS["xl"], tiny(), batch_size=2, steps=2, warmup=1, device="cpu")
+    assert r["tokens_per_s"] > 0 and r["seq_len"] == 8 and r["model"] == "xl"
 
 
 def test_eval_streams_stay_long_enough_for_memory():
-    from minixl.train import xl_eval_streams
-    assert xl_eval_streams(10**5, 128, 64) == 24  # (10^5 - 1) // (32 * 128)
-    assert xl_eval_streams(10**8, 128, 64) == 64  # capped by the batch size
-    assert xl_eval_streams(8193, 128, 64) == 2 and xl_eval_streams(100, 128, 64) == 1
+    assert memory_streams(10**5, 128, 64) == 24  # (10^5 - 1) // (32 * 128)
+    assert memory_streams(10**8, 128, 64) == 64  # capped by the batch size
+    assert memory_streams(8193, 128, 64) == 2 and memory_streams(100, 128, 64) == 1
 
 
 def test_negative_memory_overrides_are_rejected():

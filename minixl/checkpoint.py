@@ -1,0 +1,113 @@
+"""Checkpoints: atomic saves, safe loads with clear errors, and the resume check.
+
+Hand-written shared machinery (not generated). A checkpoint is one dict, written with
+torch.save and read with weights_only=True, so a file from elsewhere can hold tensors and
+plain values but cannot run code:
+
+    format        "minixl-checkpoint-2"
+    step          optimiser steps whose update is in the weights
+    model         the model's state_dict (plain keys, also for a compiled model)
+    model_config  the model's config, as a dict
+    meta          {"kind": "char" | "shaw" | "xl" ..., "corpus": name, "corpus_sha256": digest}
+    train_config  the TrainConfig, as a dict
+    objective     the objective's own weights (Chapter 2's extra heads; often empty)
+    optimizer     the optimiser's state_dict
+    state         what the model carries from batch to batch (Transformer-XL's memory) or None
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "check_resume"]
+
+FORMAT = "minixl-checkpoint-2"
+NEEDED = ("step", "model", "model_config", "meta")  # what evaluation and sampling read
+FOR_RESUME = ("train_config", "objective", "optimizer", "state")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or does not fit the run that reads it."""
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """torch.save to a temporary file beside path, then rename: a crash never leaves half a file.
+
+    Temporary files that an earlier, killed save left behind are removed first.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f"{path.name}.*.part"):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def load_checkpoint(path: Path, *, for_resume: bool = False) -> dict:
+    """Read a minixl checkpoint (tensors and plain values only); clear errors when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path} is empty (0 bytes): its save was cut short or the file "
+                              "was truncated; use an earlier copy or train again")
+    try:
+        with warnings.catch_warnings():  # torch warns about odd pickles before failing on them
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many kinds for a damaged or foreign file
+        raise CheckpointError(f"{path} cannot be read as a minixl checkpoint ({type(err).__name__}): "
+                              "it is truncated or corrupt, not a PyTorch file, or holds objects "
+                              "other than tensors and plain values") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        found = ckpt.get("format") if isinstance(ckpt, dict) else None
+        hint = f" (it says {found!r}: written by an older minixl; train again)" if found else ""
+        raise CheckpointError(f"{path} is not a {FORMAT} file{hint}")
+    missing = [k for k in NEEDED + (FOR_RESUME if for_resume else ()) if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} has no {', '.join(repr(k) for k in missing)} entry: it is "
+                              f"incomplete{' for --resume' if for_resume else ''}")
+    return ckpt
+
+
+def check_resume(saved: dict, wanted: dict, *, fixed: set[str], allow: set[str]) -> dict:
+    """Compare a run's identity as saved with what the resumed run asks for.
+
+    saved, wanted: flat {setting: value}. A difference in a `fixed` setting (the model) is
+    always an error; any other difference is an error unless its name is in `allow`.
+    Returns the allowed changes as {setting: (old, new)}; raises CheckpointError with the
+    whole diff otherwise.
+    """
+    unknown = sorted(allow - (set(wanted) - fixed))
+    if unknown:
+        raise ValueError(f"--allow-change names {', '.join(unknown)}, which "
+                         f"{'is' if len(unknown) == 1 else 'are'} not a setting a resumed run can "
+                         f"change; those are: {', '.join(sorted(set(wanted) - fixed))}")
+    diff = {k: (saved.get(k), wanted.get(k)) for k in sorted(set(saved) | set(wanted))
+            if saved.get(k) != wanted.get(k)}
+    never = {k: v for k, v in diff.items() if k in fixed}
+    refused = {k: v for k, v in diff.items() if k not in fixed and k not in allow}
+    if never or refused:
+        lines = [f"  {k}: {old!r} -> {new!r}" for k, (old, new) in {**never, **refused}.items()]
+        how = (f"{', '.join(never)} cannot change on resume (the model, its kind and its "
+               "objective stay as trained): resume with the same --model, preset, sizes and "
+               "--aux-losses, or train a new run" if never else "")
+        if refused:
+            names = ",".join(refused)
+            how += ("; " if how else "") + (f"resume with the settings it was trained with, or "
+                                             f"pass --allow-change {names} to change them on purpose")
+        raise CheckpointError("the checkpoint was trained with other settings:\n"
+                              + "\n".join(lines) + "\n" + how)
+    return diff

@@ -1,0 +1,218 @@
+"""Model kinds: what `minixl train --model NAME` builds, its presets, and how it trains.
+
+Hand-written glue (not generated). Each kind is one entry of `KINDS`: the model's config
+class and builder (from the chapters), how its batches come (random windows, or ordered
+streams whose state the trainer carries), its objective, and its presets. Every model here
+meets the model protocol, ``logits, state = model.step(tokens, state)``, so the trainer,
+evaluation, sampling and the benchmark never ask which kind they hold: adding a model to the
+command line is one entry below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .aux_losses import AuxLossConfig, AuxLosses, AuxObjective
+from .char_transformer import CharTransformer, CharTransformerConfig
+from .checkpoint import CheckpointError, load_checkpoint
+from .data import OrderedStreams, RandomWindows
+from .relative_attention import shaw_factory
+from .transformer_xl import TransformerXL, TransformerXLConfig
+
+__all__ = ["ShawConfig", "ModelKind", "KINDS", "kind_of", "parse_aux_losses",
+           "model_from_checkpoint", "with_overrides"]
+
+
+@dataclass
+class ShawConfig(CharTransformerConfig):
+    """Chapter 1's model with Chapter 3's relative attention (clipping distance max_relative)
+    in every layer, and no absolute positions unless pos says otherwise."""
+
+    pos: str = "none"
+    max_relative: int = 16
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_relative < 0:
+            raise ValueError(f"max_relative must be >= 0, got {self.max_relative}")
+
+
+AUX_NAMES = ("positions", "layers", "targets")
+
+
+def parse_aux_losses(spec: str, targets: int = 1) -> AuxLossConfig:
+    """'positions,layers=0.5,targets' -> AuxLossConfig; 'none' = the last position only.
+
+    layers=W scales the intermediate layer losses (default 1), targets=W weighs each of the
+    `targets` extra classifiers (default 0.5); positions takes no weight.
+    """
+    if targets < 1:
+        raise ValueError(f"--aux-targets must be at least 1, got {targets}")
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if items == ["none"]:
+        items = []
+    kw: dict = {"positions": False}
+    for item in items:
+        name, _, weight = item.partition("=")
+        if name not in AUX_NAMES:
+            raise ValueError(f"unknown auxiliary loss {name!r} in {spec!r}: expected a comma-"
+                             f"separated list of {', '.join(AUX_NAMES)} (or 'none')")
+        if name == "positions":
+            if weight:
+                raise ValueError("'positions' takes no weight: it is the main loss at every position")
+            kw["positions"] = True
+            continue
+        try:
+            w = float(weight) if weight else (1.0 if name == "layers" else 0.5)
+        except ValueError:
+            raise ValueError(f"the weight of {name!r} in {spec!r} is not a number: "
+                             f"{weight!r}") from None
+        kw.update({"layers": w} if name == "layers" else {"targets": targets, "target_weight": w})
+    return AuxLossConfig(**kw)
+
+
+def _aux_objective(model_cfg, aux_losses: str, aux_targets: int) -> nn.Module:
+    config = parse_aux_losses(aux_losses, aux_targets)
+    return AuxObjective(AuxLosses(config, n_layer=model_cfg.n_layer, d_model=model_cfg.d_model,
+                                  vocab_size=model_cfg.vocab_size))
+
+
+def _plain_objective(model_cfg, aux_losses: str, aux_targets: int) -> None:
+    if (aux_losses, aux_targets) != ("positions", 1):
+        raise ValueError("--aux-losses and --aux-targets apply to the windowed models (char, "
+                         "shaw); this model trains on the next byte at every position")
+    return None  # the trainer's default: the next-byte loss at every position, via step
+
+
+def _char_flops(model: nn.Module) -> float:
+    """Training FLOPs per token: 6N for the weights (forward and backward; position tables
+    are additions, not products) plus 12 L T C for the attention scores, counted in full (the
+    PaLM convention) although a causal kernel skips half."""
+    c = model.config
+    n_matmul = sum(p.numel() for p in model.parameters())
+    n_matmul -= model.pos.numel() if getattr(model, "pos", None) is not None else 0
+    return 6 * n_matmul + 12 * c.n_layer * c.block_size * c.d_model
+
+
+def _xl_flops(model: nn.Module) -> float:
+    """Training FLOPs per token: 6N for the weights; W_kR projects Tk = T + M distances per
+    segment, not T; the content and position scores and the weighted sum over Tk keys are
+    three [T, Tk] products per layer, 18 L Tk (H D), counted in full."""
+    c = model.config
+    T, Tk = c.tgt_len, c.tgt_len + c.mem_len
+    n_params = sum(p.numel() for p in model.parameters())
+    r_params = sum(m.r_net.weight.numel() for m in model.modules() if hasattr(m, "r_net"))
+    return 6 * n_params + 6 * r_params * (Tk / T - 1) + 18 * c.n_layer * Tk * c.n_head * c.d_head
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One model the command line can train: see the module docstring."""
+
+    name: str
+    summary: str
+    config: type
+    build: Callable[[object], nn.Module]
+    length: str  # the config field that holds the training length
+    streams: bool  # False: random windows, no state; True: ordered streams, state carried
+    protocols: tuple[str, ...]  # evaluation protocols, the default first
+    presets: dict[str, tuple[dict, dict]]
+    flops: Callable[[nn.Module], float]  # training FLOPs per token, for the benchmark's MFU
+    # (model config, aux_losses, aux_targets) -> objective, or None for the trainer's default
+    objective: Callable = _aux_objective
+    eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change
+
+    def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
+        """The batch source of this kind: step -> (x, y, fresh)."""
+        length = getattr(model_cfg, self.length)
+        if self.streams:
+            return OrderedStreams(data, batch_size, length)
+        return RandomWindows(data, batch_size, length, seed=seed)
+
+    def preset(self, name: str) -> tuple[object, dict]:
+        """(model config, training settings for minixl.TrainConfig) of a named preset."""
+        if name not in self.presets:
+            raise ValueError(f"unknown preset {name!r} for --model {self.name}: expected one of "
+                             f"{', '.join(self.presets)}")
+        model_kw, train_kw = self.presets[name]
+        return self.config(**model_kw), dict(train_kw)
+
+
+# tiny: a few CPU minutes; small: a long CPU run or a short GPU one; base: the papers' shapes.
+_CHAR_PRESETS = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=256),
+              dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)),
+    # Al-Rfou et al.'s T12 shape (the paper trains far longer, with all auxiliary losses).
+    "base": (dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=512, dropout=0.1),
+             dict(steps=20000, batch_size=32, lr=6e-4, warmup=500, eval_every=1000,
+                  ckpt_every=1000, eval_bytes=1 << 20)),
+}
+_XL_PRESETS = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, tgt_len=128,
+                  mem_len=128, pre_lnorm=True),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=256,
+                   mem_len=256, pre_lnorm=True),
+              dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)),
+    # Dai et al.'s 12-layer enwik8 model and optimiser settings (the paper trains 400k steps).
+    "base": (dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, tgt_len=512,
+                  mem_len=512, dropout=0.1),
+             dict(steps=20000, batch_size=22, lr=2.5e-4, warmup=0, grad_clip=0.25,
+                  eval_every=1000, ckpt_every=1000, eval_bytes=1 << 20)),
+}
+
+KINDS: dict[str, ModelKind] = {
+    "char": ModelKind(
+        "char", "Chapter 1's CharTransformer, trained on random windows",
+        CharTransformerConfig, CharTransformer, "block_size", False,
+        ("all-positions", "sliding"), _CHAR_PRESETS, _char_flops),
+    "shaw": ModelKind(
+        "shaw", "Chapter 1's model with Chapter 3's relative attention (--max-relative)",
+        ShawConfig, lambda c: CharTransformer(c, attention=shaw_factory(c.max_relative)),
+        "block_size", False, ("all-positions", "sliding"), _CHAR_PRESETS, _char_flops),
+    "xl": ModelKind(
+        "xl", "Chapter 4's Transformer-XL, on ordered streams with its memory carried",
+        TransformerXLConfig, TransformerXL, "tgt_len", True,
+        ("memory", "all-positions", "sliding"), _XL_PRESETS, _xl_flops, objective=_plain_objective,
+        eval_overrides=("tgt_len", "mem_len", "clamp_len")),
+}
+
+
+def with_overrides(cfg, **overrides):
+    """A copy of a dataclass config with the non-None overrides applied (validated again)."""
+    names = {f.name for f in fields(cfg)}
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None and k in names})
+
+
+def kind_of(name: str) -> ModelKind:
+    """The ModelKind called `name`, or a clear error."""
+    if name not in KINDS:
+        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def model_from_checkpoint(ckpt: dict | str | Path) -> nn.Module:
+    """Rebuild the model a checkpoint holds, with its weights (on the CPU, in eval mode)."""
+    ckpt = ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt)
+    name = ckpt["meta"].get("kind") if isinstance(ckpt["meta"], dict) else None
+    if name not in KINDS:
+        raise CheckpointError(f"the checkpoint does not say which model it holds (kind {name!r}; "
+                              f"expected one of {', '.join(KINDS)})")
+    kind = KINDS[name]
+    try:
+        model = kind.build(kind.config(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"the checkpoint's weights do not fit its --model {name} config: "
+                              + (str(err).splitlines() or [type(err).__name__])[0]) from None
+    if not all(torch.isfinite(t).all() for t in model.state_dict().values()):
+        raise CheckpointError("the checkpoint holds weights that are not finite (NaN or inf): "
+                              "the run that wrote it diverged; use an earlier checkpoint")
+    return model.eval()
