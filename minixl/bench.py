@@ -46,12 +46,13 @@ def bench(kind: ModelKind, model_cfg, *, batch_size: int = 32, steps: int = 20, 
     params = list(model.parameters()) + (list(own.parameters()) if own is not None else [])
     opt = torch.optim.AdamW(params, lr=1e-4)
     T = getattr(model_cfg, kind.length)
-    x = torch.randint(0, model_cfg.vocab_size, (batch_size, T), device=dev)
+    tokens = torch.randint(0, model_cfg.vocab_size, (batch_size, T + 1), device=dev)
+    x, y = tokens[:, :-1], tokens[:, 1:]  # inputs and their next-byte targets
     state = None
 
     def step():
         nonlocal state
-        _, state, _ = train_step(model, objective, opt, params, x, x, state, device=dev)
+        _, state, _ = train_step(model, objective, opt, params, x, y, state, device=dev)
 
     for _ in range(warmup):
         step()

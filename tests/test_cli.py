@@ -167,3 +167,14 @@ def test_a_read_only_cache_folder_is_named_in_the_error(tmp_path, monkeypatch, c
         _cache_folder_error(monkeypatch, cache, capsys)
     finally:
         cache.chmod(0o700)
+
+
+@pytest.mark.parametrize("model", ["char", "xl"])
+def test_bench_prints_tokens_per_second(model, capsys):
+    size = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner", "64"]
+    length = ["--block-size", "32"] if model == "char" else ["--tgt-len", "16", "--mem-len", "16"]
+    assert main(["bench", "--model", model, *size, *length, "--batch-size", "2", "--steps", "2",
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"model: {model}" in out and "train tokens/s:" in out
+    assert "MFU: not reported on the CPU" in out
