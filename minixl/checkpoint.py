@@ -79,6 +79,12 @@ def load_checkpoint(path: Path, *, for_resume: bool = False) -> dict:
     if missing:
         raise CheckpointError(f"{path} has no {', '.join(repr(k) for k in missing)} entry: it is "
                               f"incomplete{' for --resume' if for_resume else ''}")
+    kinds = {"step": int, "model": dict, "model_config": dict, "meta": dict,
+             "train_config": dict, "objective": dict, "optimizer": dict}
+    wrong = [k for k, t in kinds.items() if k in ckpt and not isinstance(ckpt[k], t)]
+    if wrong:
+        raise CheckpointError(f"{path} is damaged: its {', '.join(repr(k) for k in wrong)} "
+                              f"entr{'y is' if len(wrong) == 1 else 'ies are'} of the wrong type")
     return ckpt
 
 

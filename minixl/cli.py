@@ -93,6 +93,7 @@ def cmd_train(args) -> int:
     cfg = with_overrides(TrainConfig(**train_kw), device=args.device, compile=args.compile,
                          **_given(args, TRAIN_FLAGS))
     aux = (args.aux_losses or "positions", 1 if args.aux_targets is None else args.aux_targets)
+    torch.manual_seed(cfg.seed)  # seeds the objective's own weights (Chapter 2's heads)
     objective = kind.objective(model_cfg, *aux)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
         raise ValueError("--sample-len must be >= 0, and --prompt not empty when it is > 0")
@@ -144,6 +145,9 @@ def cmd_train(args) -> int:
 def cmd_sample(args) -> int:
     if args.n < 0:
         raise ValueError(f"--n is how many bytes to generate, >= 0; got {args.n}")
+    if 0 < args.temperature and torch.tensor(args.temperature, dtype=torch.float32) == 0:
+        raise ValueError(f"temperature {args.temperature:g} rounds to 0 in float32, the logits' "
+                         "precision; use 1e-30 or more (a tiny temperature samples greedily)")
     device = resolve_device(args.device)
     model = model_from_checkpoint(args.checkpoint).to(device)
     gen = torch.Generator().manual_seed(args.seed)
@@ -185,7 +189,10 @@ def cmd_eval(args) -> int:
     seq_len = getattr(model.config, kind.length) if args.seq_len is None else args.seq_len
     if args.max_bytes is not None and args.max_bytes < 2:
         raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
-    source = args.corpus or ckpt["meta"]["corpus"]["source"]
+    source = args.corpus or (ckpt["meta"].get("corpus") or {}).get("source")
+    if source is None:
+        raise ValueError(f"{args.checkpoint} does not say which corpus it was trained on; "
+                         "pass --corpus")
     data = getattr(load_corpus(source), args.split)[:args.max_bytes]
     result = evaluate(model, data, protocol, seq_len=seq_len, stride=args.stride,
                       batch_size=args.batch_size)

@@ -21,9 +21,13 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError("--device cuda was asked for, but PyTorch sees no CUDA GPU here; "
                          "use --device auto or --device cpu")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as err:
         raise ValueError(f"unknown device {name!r}: expected auto, cpu or cuda[:N]") from err
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
+                         "GPU(s), numbered from 0")
+    return device
 
 
 def autocast(device: torch.device):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
+import os
 import signal
 import threading
 import time
@@ -46,7 +47,7 @@ __all__ = ["TrainConfig", "TrainResult", "TrainingInterrupted", "TrainingDiverge
 
 CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # Settings a resumed run may change freely: they do not change what is learned.
-FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "compile")
+FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device")
 
 
 @dataclass
@@ -189,7 +190,8 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable, objective: C
                 if done % cfg.eval_every == 0 and held_out is not None:
                     with stopper.interruptible():
                         valid = held_out(model, cfg.eval_bytes)
-                if done % cfg.log_every == 0 or valid is not None or done == cfg.steps:
+                if done % cfg.log_every == 0 or valid is not None or done == cfg.steps or (
+                        stopper.signum):  # a stopped run logs its last, shorter window
                     row = log.row(done, valid, lr=cfg.lr_at(step), t0=t0, run=run)
                     history.append(row)
                     if run:
@@ -205,6 +207,10 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable, objective: C
             with stopper.interruptible():
                 valid = held_out(model, None) if held_out is not None else None
         except _StopNow:  # a signal during held-out evaluation: the saved step is consistent
+            if log.n:  # the step's metrics row, without the abandoned evaluation
+                row = log.row(done, None, lr=cfg.lr_at(done - 1), t0=t0, run=run)
+                history.append(row)
+                run.write(row)
             if run.saved != done:
                 run.save(done, state)
             raise TrainingInterrupted(stopper.signum, done, run.ckpt) from None
@@ -354,13 +360,19 @@ class _Run:
             self.model.load_state_dict(ckpt["model"])
             self.own.load_state_dict(ckpt["objective"])
             self.opt.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as err:
+            for group in self.opt.param_groups:  # an allowed change of weight decay holds
+                group["weight_decay"] = self.cfg.weight_decay
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise CheckpointError(f"{self.ckpt} does not fit this run: "
                                   f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
                                   ) from None
         self.saved = ckpt["step"]
         self._trim(ckpt["step"])
-        return ckpt["step"], _to(ckpt["state"], device)
+        state = ckpt["state"]
+        if state is not None and changed.keys() & {"batch_size", "corpus"}:
+            print("resuming with an empty state (memory): it belonged to other streams")
+            state = None
+        return ckpt["step"], _to(state, device)
 
     def save(self, step: int, state) -> None:
         """Save a checkpoint of `step` (atomically), unless the weights are not finite."""
@@ -403,11 +415,13 @@ class _Run:
         with open(path) as f:
             rows = list(csv.DictReader(f))
             names = rows and list(rows[0])
-        with open(path, "w", newline="") as f:
+        tmp = path.with_name(path.name + ".part")
+        with open(tmp, "w", newline="") as f:  # then renamed: a crash keeps the old file
             if names:
                 w = csv.DictWriter(f, fieldnames=names)
                 w.writeheader()
                 w.writerows(r for r in rows if int(r["step"]) <= step)
+        os.replace(tmp, path)
 
     def plot(self) -> None:
         import matplotlib

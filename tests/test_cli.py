@@ -1,51 +1,98 @@
-"""The command line as a user meets it: a round trip, and one clear line for every bad input."""
+"""The command line as a user meets it: a train -> sample -> eval round trip, the help, and
+one clear line (exit code 2, no traceback) for every bad input."""
 
 import math
-import os
+import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import train_args
 from minixl.checkpoint import load_checkpoint
-from minixl.cli import build_parser, main
+from minixl.cli import main
+from minixl.data import decode, encode
+from minixl.models import model_from_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_sample_and_eval_read_trained_runs(char_run, xl_run, capsys):
-    for run in (char_run, xl_run):
-        ckpt = str(run / "checkpoint.pt")
-        assert main(["sample", "--checkpoint", ckpt, "--prompt", "ab", "--n", "10",
-                     "--device", "cpu"]) == 0
-        text = capsys.readouterr().out
-        assert text.startswith("ab") and len(text.rstrip("\n").encode()) >= 10
-        assert main(["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu"]) == 0
-        line = capsys.readouterr().out
-        bpc = float(line.split(": ")[1].split()[0])
-        assert 0 < bpc < 9, line
-    assert "memory of 16" in line  # xl's default protocol carries the memory
+# ---------------------------------------------------------------- the round trip
+
+def _valid_bpc_at_the_end(run: Path) -> str:
+    lines = (run / "metrics.csv").read_text().splitlines()
+    header, last = lines[0].split(","), lines[-1].split(",")
+    return last[header.index("valid_bpc")]
+
+
+@pytest.mark.parametrize("which", ["char", "xl"])
+def test_eval_scores_the_checkpoint_as_training_did(which, char_run, xl_run, capsys):
+    """The runs scored their first 2048 valid bytes at step 8 with batch size 4 (the
+    fixtures' --eval-bytes and --batch-size); eval of the saved step-8 checkpoint with the
+    same settings must print the same number."""
+    run = {"char": char_run, "xl": xl_run}[which]
+    ckpt = str(run / "checkpoint.pt")
+    assert main(["eval", "--checkpoint", ckpt, "--split", "valid", "--max-bytes", "2048",
+                 "--batch-size", "4", "--device", "cpu"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.split(": ")[1].split()[0] == _valid_bpc_at_the_end(run), line
+    assert "2,048 bytes" in line
+    assert ("memory of 16" in line) == (which == "xl")  # xl's default protocol carries memory
+
+    assert main(["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu"]) == 0
+    line = capsys.readouterr().out
+    source = load_checkpoint(ckpt)["meta"]["corpus"]["source"]  # the corpus it trained on
+    assert line.startswith(f"{source} test: ") and Path(source).is_file(), line
+    assert 0 < float(line.split(": ")[1].split()[0]) < 9, line
+
+
+@pytest.mark.parametrize("which", ["char", "xl"])
+def test_sample_continues_the_prompt_and_follows_the_seed(which, char_run, xl_run, capsys):
+    ckpt = str({"char": char_run, "xl": xl_run}[which] / "checkpoint.pt")
+    texts = []
+    for seed in ("0", "0", "1"):
+        assert main(["sample", "--checkpoint", ckpt, "--prompt", "ab", "--n", "40",
+                     "--seed", seed, "--device", "cpu"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert all(t.startswith("ab") for t in texts)
+    assert texts[0] == texts[1] != texts[2]  # the same seed, the same text
 
 
 def test_a_tiny_temperature_samples_greedily(char_run, capsys):
-    ckpt = str(char_run / "checkpoint.pt")
-    outs = []
-    for seed in ("0", "1"):
-        assert main(["sample", "--checkpoint", ckpt, "--n", "20", "--temperature", "1e-40",
-                     "--seed", seed, "--device", "cpu"]) == 0
-        outs.append(capsys.readouterr().out)
-    assert outs[0] == outs[1]  # no randomness left: the likeliest byte every time
+    """1e-40 is a float32 subnormal: valid, and it leaves no randomness."""
+    ckpt = char_run / "checkpoint.pt"
+    assert main(["sample", "--checkpoint", str(ckpt), "--n", "20", "--temperature", "1e-40",
+                 "--seed", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    model = model_from_checkpoint(ckpt)
+    tokens = encode("The ")
+    with torch.no_grad():
+        for _ in range(20):
+            logits, _ = model.step(tokens[None], None)
+            tokens = torch.cat([tokens, logits[0, -1].argmax().view(1)])
+    assert out == decode(tokens) + "\n"
 
 
-def test_help_lists_the_commands_and_says_steps_is_the_total():
-    r = subprocess.run([sys.executable, "-m", "minixl", "--help"], capture_output=True, text=True)
+def test_help_lists_the_commands_and_the_exit_codes(capsys):
+    r = subprocess.run([sys.executable, "-m", "minixl", "--help"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0
-    assert all(cmd in r.stdout for cmd in ("train", "sample", "eval", "bench"))
-    assert "130/143" in r.stdout and "3 training diverged" in r.stdout
-    train_help = " ".join(build_parser()._subparsers._group_actions[0].choices["train"]
-                          .format_help().split())
-    assert "total optimiser steps of the run (not steps to add)" in train_help
+    text = " ".join(r.stdout.split())
+    assert "{train,sample,eval,bench}" in text
+    for code in ("0 done", "2 bad input", "3 training diverged",
+                 "130/143 stopped by SIGINT/SIGTERM (checkpoint saved)"):
+        assert code in text, code
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    assert "total optimiser steps of the run (not steps to add)" in " ".join(
+        capsys.readouterr().out.split())
 
+
+# ---------------------------------------------------------------- bad input, one line each
 
 def _nan_checkpoint(run: Path, tmp: Path) -> Path:
     ckpt = load_checkpoint(run / "checkpoint.pt")
@@ -64,6 +111,13 @@ def _without(key):
     return make
 
 
+def _saved(obj):
+    def make(run, tmp):
+        torch.save(obj, tmp / "c.pt")
+        return tmp / "c.pt"
+    return make
+
+
 def _file(content: bytes):
     def make(run, tmp):
         (tmp / "c.pt").write_bytes(content)
@@ -71,14 +125,16 @@ def _file(content: bytes):
     return make
 
 
-def _ckpt(run, tmp):
-    return run / "checkpoint.pt"
+def _copy(run, tmp):
+    return Path(shutil.copy(run / "checkpoint.pt", tmp / "c.pt"))
 
 
 TINY = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner", "64",
         "--block-size", "32", "--steps", "1", "--no-progress", "--sample-len", "0"]
+IN_RUN = ["--out", "{run}", "--corpus", "{corpus}"]
 
-# (arguments, how to make the checkpoint they read (or None), what the one line must say)
+# (arguments, how to make the checkpoint they read (or None), what the one line must say).
+# With --resume, the checkpoint made is put in the run folder {run}.
 BAD = [
     (["train", "--preset", "huge"], None, "unknown preset 'huge'"),
     (["train", "--corpus", "nope", "--steps", "1"], None, "unknown corpus 'nope'"),
@@ -87,51 +143,72 @@ BAD = [
     (["train", *TINY, "--lr", "nan"], None, "lr must be a finite number"),
     (["train", "--model", "xl", "--batch-size", "0"], None, "batch_size must be a positive"),
     (["train", *TINY, "--max-relative", "4"], None, "--max-relative applies to --model shaw"),
-    (["sample", "--checkpoint", "{ckpt}", "--temperature", "nan"], _ckpt,
+    (["train", *TINY, *IN_RUN, "--resume", "--overwrite"], None, "not both"),
+    (["train", *TINY, *IN_RUN, "--resume"], None, "--resume: there is no checkpoint at"),
+    (["train", *TINY, *IN_RUN, "--allow-change", "lr"], None,
+     "--allow-change applies to --resume only"),
+    (["train", *TINY, *IN_RUN, "--resume", "--allow-change", "colour"], _copy,
+     "--allow-change names colour, which is not a setting a resumed run can change"),
+    (["train", *TINY, *IN_RUN, "--resume"], _without("train_config"),
+     "has no 'train_config' entry: it is incomplete for --resume"),
+    (["sample", "--checkpoint", "{ckpt}", "--temperature", "nan"], _copy,
      "temperature must be a finite number > 0"),
-    (["sample", "--checkpoint", "{ckpt}", "--temperature", "0"], _ckpt,
+    (["sample", "--checkpoint", "{ckpt}", "--temperature", "0"], _copy,
      "temperature must be a finite number > 0"),
-    (["sample", "--checkpoint", "{ckpt}", "--n", "-1"], _ckpt, "--n is how many bytes"),
+    (["sample", "--checkpoint", "{ckpt}", "--temperature", "1e-50"], _copy,
+     "temperature 1e-50 rounds to 0 in float32"),
+    (["sample", "--checkpoint", "{ckpt}", "--n", "-1"], _copy, "--n is how many bytes"),
     (["sample", "--checkpoint", "missing.pt"], None, "no checkpoint at missing.pt"),
+    (["eval", "--checkpoint", "missing.pt"], None, "no checkpoint at missing.pt"),
     (["sample", "--checkpoint", "{ckpt}"], _file(b""), "is empty (0 bytes)"),
-    (["sample", "--checkpoint", "{ckpt}"], _file(b"\x80garbage"), "cannot be read as a minixl"),
+    (["sample", "--checkpoint", "{ckpt}"], _file(b"\x80\x02garbage"),
+     "cannot be read as a minixl checkpoint"),
+    (["sample", "--checkpoint", "{ckpt}"], _saved({"weights": torch.ones(1)}),
+     "is not a minixl-checkpoint-2 file"),
     (["sample", "--checkpoint", "{ckpt}"], _without("model"), "has no 'model' entry"),
+    (["eval", "--checkpoint", "{ckpt}"], _without("model_config"), "has no 'model_config' entry"),
     (["sample", "--checkpoint", "{ckpt}"], _nan_checkpoint, "weights that are not finite"),
-    (["eval", "--checkpoint", "{ckpt}", "--batch-size", "-1"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--batch-size", "-1"], _copy,
      "batch_size must be a positive integer"),
-    (["eval", "--checkpoint", "{ckpt}", "--batch-size", "0"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--batch-size", "0"], _copy,
      "batch_size must be a positive integer"),
-    (["eval", "--checkpoint", "{ckpt}", "--seq-len", "0"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--seq-len", "0"], _copy,
      "seq_len must be a positive integer"),
-    (["eval", "--checkpoint", "{ckpt}", "--protocol", "sliding", "--stride", "0"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--protocol", "sliding", "--stride", "0"], _copy,
      "stride"),
-    (["eval", "--checkpoint", "{ckpt}", "--protocol", "memory"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--protocol", "memory"], _copy,
      "--protocol memory does not apply to a --model char checkpoint"),
-    (["eval", "--checkpoint", "{ckpt}", "--mem-len", "8"], _ckpt,
+    (["eval", "--checkpoint", "{ckpt}", "--mem-len", "8"], _copy,
      "--mem-len applies to --model xl checkpoints"),
-    (["train", *TINY, "--resume", "--out", "{run}", "--corpus", "{corpus}"],
-     _without("train_config"), "has no 'train_config' entry"),
 ]
 
 
-@pytest.mark.parametrize("argv,make,message", BAD, ids=[" ".join(a[:1] + [m]) for a, _, m in BAD])
+@pytest.mark.parametrize("argv,make,message", BAD,
+                         ids=[f"{i}-{a[0]}-{m[:30]}" for i, (a, _, m) in enumerate(BAD)])
 def test_bad_input_gives_one_clear_line_and_exit_2(argv, make, message, char_run, small_corpus,
                                                    tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     ckpt, run = "", tmp_path / "run"
     if make is not None:
         ckpt = make(char_run, tmp_path)
-        if "--resume" in argv:  # a run folder whose checkpoint is the damaged one
+        if "--resume" in argv:  # a run folder whose checkpoint is this one
             run.mkdir()
-            ckpt.rename(run / "checkpoint.pt")
+            ckpt = ckpt.rename(run / "checkpoint.pt")
+    before = ckpt.read_bytes() if ckpt else None
     argv = [a.format(ckpt=ckpt, run=run, corpus=small_corpus) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert message in err, err
     lines = err.strip().splitlines()
-    assert lines[0].startswith(f"minixl {argv[0]}: error:") and "Traceback" not in err
-    assert "weights_only=False" not in err
+    assert len(lines) == 1 and lines[0].startswith(f"minixl {argv[0]}: error: "), err
+    assert message in err, err
+    assert "Traceback" not in err and "weights_only=False" not in err
+    if ckpt:
+        assert ckpt.read_bytes() == before  # a refusal changes nothing on disk
+    if argv[0] == "train" and make is None:
+        assert not run.exists() and not (tmp_path / "runs").exists()  # no folder was made
 
+
+# ---------------------------------------------------------------- run folders
 
 @pytest.mark.parametrize("name", ["metrics.csv", "loss.png"])
 def test_someone_elses_files_are_not_clobbered(name, tmp_path, small_corpus, capsys):
@@ -140,41 +217,63 @@ def test_someone_elses_files_are_not_clobbered(name, tmp_path, small_corpus, cap
     (out / name).write_bytes(b"keep me")
     argv = ["train", *TINY, "--corpus", str(small_corpus), "--out", str(out)]
     assert main(argv) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{out} already holds a run ({name})" in err and "--overwrite" in err
     assert (out / name).read_bytes() == b"keep me"
+    assert [p.name for p in out.iterdir()] == [name]
 
+
+def test_overwrite_deletes_the_old_run_and_starts_again(char_run, copy_run, small_corpus, capsys):
+    run = copy_run(char_run)
+    old_plot = (run / "loss.png").read_bytes()
+    with open(run / "metrics.csv", "a") as f:
+        f.write("99,1.0,,1.0,1,1,1,1\n")
+    assert main(train_args("char", run, 2, "--corpus", str(small_corpus), "--seed", "5",
+                           "--overwrite")) == 0
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    assert ckpt["step"] == 2 and ckpt["train_config"]["seed"] == 5
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("step,") and [r.split(",")[0] for r in rows[1:]] == ["2"]
+    assert (run / "loss.png").read_bytes() != old_plot
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "loss.png", "metrics.csv"]
+
+
+# ---------------------------------------------------------------- the corpus cache folder
 
 def _cache_folder_error(monkeypatch, cache, capsys):
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test reached for the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
     monkeypatch.setenv("MINIXL_DATA", str(cache))
-    assert main(["train", "--corpus", "text8", "--steps", "1"]) == 2  # fails before any download
+    assert main(["train", "--corpus", "text8", "--steps", "1"]) == 2  # fails before downloading
     err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minixl train: error: "), err
     assert f"cannot write to the corpus cache folder {cache}" in err and "MINIXL_DATA" in err
     assert "Traceback" not in err
 
 
 def test_a_cache_folder_that_cannot_be_made_is_named_in_the_error(tmp_path, monkeypatch, capsys):
     (tmp_path / "a-file").write_text("")
+    monkeypatch.chdir(tmp_path)
     _cache_folder_error(monkeypatch, tmp_path / "a-file" / "cache", capsys)
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
-                    reason="root may write into a read-only folder")
 def test_a_read_only_cache_folder_is_named_in_the_error(tmp_path, monkeypatch, capsys):
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(0o500)
+    monkeypatch.chdir(tmp_path)
     try:
+        try:
+            (cache / "probe").write_bytes(b"")
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("this user can write into a 0o500 folder (root ignores the mode), "
+                        "so no folder here is read-only")
         _cache_folder_error(monkeypatch, cache, capsys)
+        assert not list(cache.iterdir())
     finally:
         cache.chmod(0o700)
-
-
-@pytest.mark.parametrize("model", ["char", "xl"])
-def test_bench_prints_tokens_per_second(model, capsys):
-    size = ["--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner", "64"]
-    length = ["--block-size", "32"] if model == "char" else ["--tgt-len", "16", "--mem-len", "16"]
-    assert main(["bench", "--model", model, *size, *length, "--batch-size", "2", "--steps", "2",
-                 "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert f"model: {model}" in out and "train tokens/s:" in out
-    assert "MFU: not reported on the CPU" in out

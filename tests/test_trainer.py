@@ -1,7 +1,9 @@
-"""The trainer: the same weights as the book's loop, exact resumption after a real signal,
-divergence, checkpoints and the resume check."""
+"""The trainer: the same weights as the book's loop, exact resumption after real signals (in
+this process and in a real `minixl train` subprocess), divergence, checkpoints, the resume
+check, compile, the benchmark and devices."""
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -24,41 +26,48 @@ from minixl.checkpoint import (FORMAT, CheckpointError, check_resume, load_check
 from minixl.cli import main
 from minixl.data import RandomWindows, step_seed
 from minixl.device import resolve_device
-from minixl.models import KINDS
-from minixl.trainer import TrainConfig, train
+from minixl.evaluation import evaluate
+from minixl.models import KINDS, ShawConfig
+from minixl.trainer import TrainConfig, TrainingInterrupted, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = CharTransformerConfig(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=32)
 
 
+# ---------------------------------------------------------------- the book's loop
+
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_train_gives_the_weights_of_the_books_loop(dropout):
-    """Chapter 1's loop, written out: the trainer must reproduce it bit for bit (with
-    dropout, the trainer seeds each step's masks from the run's seed and the step)."""
+    """Chapter 1's loop, written out: the trainer must reproduce it bit for bit. Settings
+    other than the defaults, so that each must reach the loop; the trainer seeds each step's
+    dropout masks from the run's seed and the step."""
     config = replace(TINY, dropout=dropout)
     data = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(0)).byte()
-    steps, lr, warmup = 12, 3e-3, 4
+    steps, B, seed = 12, 4, 7
+    hp = dict(lr=3e-3, warmup=4, min_lr_frac=0.3)
+    weight_decay, clip = 0.05, 0.5
     torch.manual_seed(0)
     model = CharTransformer(config)
-    train(model, TrainConfig(steps=steps, batch_size=4, lr=lr, warmup=warmup, device="cpu"),
-          batches=RandomWindows(data, 4, 32, seed=0), progress=False)
+    train(model, TrainConfig(steps=steps, batch_size=B, weight_decay=weight_decay,
+                             grad_clip=clip, seed=seed, device="cpu", **hp),
+          batches=RandomWindows(data, B, 32, seed=seed), progress=False)
 
     torch.manual_seed(0)
     ref = CharTransformer(config)
-    opt = torch.optim.AdamW(ref.parameters(), lr=lr, weight_decay=0.01)
-    batches = RandomWindows(data, 4, 32, seed=0)
+    opt = torch.optim.AdamW(ref.parameters(), lr=hp["lr"], weight_decay=weight_decay)
+    batches, clipped = RandomWindows(data, B, 32, seed=seed), 0
     for step in range(steps):
         x, y, _ = batches(step)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr=lr, warmup=warmup)
-        if dropout:
-            torch.manual_seed(step_seed(0, step, stream=1))  # this step's dropout masks
-        logits, _ = ref.step(x)
+            group["lr"] = lr_at(step, steps, **hp)
+        torch.manual_seed(step_seed(seed, step, stream=1))  # this step's dropout masks
+        logits, _ = ref.step(x, None)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        clipped += float(torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)) > clip
         opt.step()
+    assert clipped, "the clip never acted: this test would not notice a trainer without it"
     for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
         assert torch.equal(a, b), name
 
@@ -67,17 +76,157 @@ def test_the_run_folder(char_run):
     assert {p.name for p in char_run.iterdir()} == {"checkpoint.pt", "metrics.csv", "loss.png"}
     rows = (char_run / "metrics.csv").read_text().splitlines()
     header, rows = rows[0].split(","), [r.split(",") for r in rows[1:]]
+    assert header[:4] == ["step", "train_bpc", "valid_bpc", "loss"]
     assert [int(r[0]) for r in rows] == [2, 4, 6, 8]  # --log-every 2 --steps 8
     valid = header.index("valid_bpc")
     assert [bool(r[valid]) for r in rows] == [False, True, False, True]  # --eval-every 4
+    assert all(0 < float(r[1]) < 9 for r in rows)
+    assert (char_run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)
     assert ckpt["format"] == FORMAT and ckpt["step"] == 8 and ckpt["meta"]["kind"] == "char"
+    assert ckpt["train_config"]["steps"] == 8 and ckpt["state"] is None
     assert len(ckpt["meta"]["corpus"]["sha256"]) == 64
+
+
+# ---------------------------------------------------------------- real signals, in this process
+
+STREAM = torch.randint(0, 256, (4 * 8 * 5 + 1,), generator=torch.Generator().manual_seed(1)).byte()
+
+
+@pytest.fixture
+def signal_guard():
+    """SIGINT/SIGTERM handlers that record a signal the trainer failed to catch, instead of
+    ending the test session; the test asserts the trainer put them back."""
+    leaked = []
+
+    def handler(signum, frame):
+        leaked.append(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield handler, leaked
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def _library_run(kind, out, steps=12, *, resume=False, on_batch=None, on_eval=None,
+                 ckpt_every=100):
+    """A tiny run of `kind` through minixl.train, with dropout (and, for shaw, an objective
+    with weights of its own); xl reads 5 segments per pass, so its memory restarts."""
+    torch.manual_seed(0)
+    common = dict(n_layer=1, d_model=32, n_head=2, d_inner=64, dropout=0.1)
+    model_cfg = {
+        "char": lambda: CharTransformerConfig(block_size=8, **common),
+        "shaw": lambda: ShawConfig(block_size=8, max_relative=4, **common),
+        "xl": lambda: KINDS["xl"].config(d_head=16, tgt_len=8, mem_len=8, **common),
+    }[kind]()
+    k = KINDS[kind]
+    model = k.build(model_cfg)
+    objective = k.objective(model_cfg, "positions,targets", 2) if kind == "shaw" else None
+    source = k.batches(STREAM, 4, model_cfg, seed=3)
+
+    def batches(step):
+        if on_batch:
+            on_batch(step)
+        return source(step)
+
+    def held_out(m, n_bytes):
+        if on_eval:
+            on_eval()
+        return evaluate(m, STREAM, k.protocols[0], seq_len=8, batch_size=4).bpc
+
+    cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, seed=3, log_every=1,
+                      eval_every=3, ckpt_every=ckpt_every, device="cpu")
+    return train(model, cfg, batches=batches, objective=objective, held_out=held_out, out=out,
+                 resume=resume, meta={"kind": kind}, progress=False)
+
+
+def _assert_same_checkpoint(a: Path, b: Path):
+    ca, cb = load_checkpoint(a, for_resume=True), load_checkpoint(b, for_resume=True)
+    assert ca["step"] == cb["step"]
+    for part in ("model", "objective"):
+        assert ca[part].keys() == cb[part].keys()
+        for name, t in ca[part].items():
+            assert torch.equal(t, cb[part][name]), (part, name)
+    sa, sb = ca["optimizer"]["state"], cb["optimizer"]["state"]
+    assert sa.keys() == sb.keys() and sa
+    for k in sa:
+        for field in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(sa[k][field], sb[k][field]), (k, field)
+    if ca["state"] is None:
+        assert cb["state"] is None
+    else:  # Transformer-XL's memory
+        assert len(ca["state"]) == len(cb["state"])
+        assert all(torch.equal(x, y) for x, y in zip(ca["state"], cb["state"]))
+
+
+def _steps_logged(run: Path) -> list[int]:
+    return [int(line.split(",")[0]) for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+
+
+@pytest.mark.parametrize("kind,signum,where", [
+    ("char", signal.SIGINT, "step"), ("shaw", signal.SIGTERM, "step"),
+    ("xl", signal.SIGINT, "step"), ("xl", signal.SIGTERM, "eval"), ("shaw", signal.SIGINT, "eval"),
+], ids=["char-SIGINT-step", "shaw-SIGTERM-step", "xl-SIGINT-step", "xl-SIGTERM-eval",
+        "shaw-SIGINT-eval"])
+def test_a_signal_to_this_process_stops_after_the_step_and_resumes_exactly(
+        kind, signum, where, tmp_path, signal_guard):
+    """os.kill to ourselves during step 6 (0-based 5): the step finishes, its checkpoint is
+    saved. During the held-out evaluation after step 6: the evaluation is abandoned at once
+    and step 6 is saved. Either way the resumed run ends bit-exactly as an unbroken one."""
+    handler, leaked = signal_guard
+    _library_run(kind, tmp_path / "whole")
+
+    def send(step=None):
+        if step is None or step == 5:
+            os.kill(os.getpid(), signum)
+
+    evals = []
+    hooks = ({"on_batch": send} if where == "step" else
+             {"on_eval": lambda: (evals.append(1), send() if len(evals) == 2 else None)})
+    with pytest.raises(TrainingInterrupted) as stop:
+        _library_run(kind, tmp_path / "part", **hooks)
+    assert (stop.value.signum, stop.value.step) == (signum, 6)
+    assert load_checkpoint(tmp_path / "part" / "checkpoint.pt")["step"] == 6
+    assert _steps_logged(tmp_path / "part") == list(range(1, 7))
+    assert signal.getsignal(signal.SIGINT) is handler and not leaked  # handlers put back
+
+    part, whole = tmp_path / "part", tmp_path / "whole"
+    _library_run(kind, part, resume=True)
+    _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
+    assert _steps_logged(part) == _steps_logged(whole) == list(range(1, 13))
+
+
+def test_a_second_sigint_in_this_process_aborts_and_keeps_the_checkpoint(tmp_path, signal_guard):
+    """Two SIGINTs during one step: the second raises KeyboardInterrupt at once; nothing is
+    saved, so the checkpoint of step 4 stays as it was, and still resumes exactly."""
+    handler, leaked = signal_guard
+    run, seen = tmp_path / "run", {}
+
+    def twice(step):  # step 5 (0-based): its row is logged, the last checkpoint is step 4
+        if step == 5:
+            seen["bytes"] = (run / "checkpoint.pt").read_bytes()
+            os.kill(os.getpid(), signal.SIGINT)  # held until the step has finished ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... but a second one aborts now
+
+    with pytest.raises(KeyboardInterrupt):
+        _library_run("char", run, on_batch=twice, ckpt_every=2)
+    assert (run / "checkpoint.pt").read_bytes() == seen["bytes"]
+    assert load_checkpoint(run / "checkpoint.pt", for_resume=True)["step"] == 4
+    assert not list(run.glob("*.part"))
+    assert signal.getsignal(signal.SIGINT) is handler and not leaked
+
+    _library_run("char", tmp_path / "whole")
+    assert _steps_logged(run) == [1, 2, 3, 4, 5]
+    _library_run("char", run, resume=True)  # redoes step 5, and its metrics row
+    _assert_same_checkpoint(run / "checkpoint.pt", tmp_path / "whole" / "checkpoint.pt")
+    assert _steps_logged(run) == list(range(1, 13))
 
 
 # ---------------------------------------------------------------- real signals, real processes
 
 def _cli(kind, out, corpus, steps, *extra):
+    """`python -m minixl train` of a tiny model: a metrics row every step, no checkpoint
+    before the end unless a signal asks for one."""
     return [sys.executable, "-m", "minixl",
             *train_args(kind, out, steps, "--corpus", str(corpus), "--log-every", "1",
                         "--eval-every", "50", "--eval-bytes", "512", "--ckpt-every", "1000",
@@ -85,78 +234,98 @@ def _cli(kind, out, corpus, steps, *extra):
 
 
 def _run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
     return r
 
 
-def _interrupt(cmd, metrics: Path, signum: int, delay: float, times: int = 1, gap: float = 0.0):
-    """Start cmd, wait until it has logged its first step, sleep `delay`, send the signal."""
+def _rows(metrics: Path) -> int:
+    try:
+        return max(0, metrics.read_text().count("\n") - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def _interrupt(cmd, metrics: Path, rows: int, signals, gap: float = 0.03):
+    """Start cmd; once metrics.csv has more than `rows` rows, send `signals` `gap` s apart."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT)
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.stat().st_size > 0):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run never logged a step"
-        time.sleep(0.01)
-    time.sleep(delay)
-    for i in range(times):
-        proc.send_signal(signum)
-        time.sleep(gap)
-    out, err = proc.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while _rows(metrics) <= rows and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run never logged its steps"
+            time.sleep(0.002)
+        for signum in signals:
+            proc.send_signal(signum)
+            time.sleep(gap)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     return proc.returncode, err
 
 
-def _assert_same_checkpoint(a: Path, b: Path):
-    ca, cb = load_checkpoint(a, for_resume=True), load_checkpoint(b, for_resume=True)
-    assert ca["step"] == cb["step"]
-    for name, t in ca["model"].items():
-        assert torch.equal(t, cb["model"][name]), name
-    sa, sb = ca["optimizer"]["state"], cb["optimizer"]["state"]
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        for field in ("step", "exp_avg", "exp_avg_sq"):
-            assert torch.equal(sa[k][field], sb[k][field]), (k, field)
-    if ca["state"] is None:
-        assert cb["state"] is None
-    else:  # Transformer-XL's memory
-        assert all(torch.equal(x, y) for x, y in zip(ca["state"], cb["state"]))
-
-
 @pytest.mark.parametrize("kind,signum", [("char", signal.SIGINT), ("shaw", signal.SIGTERM),
-                                         ("xl", signal.SIGINT), ("xl", signal.SIGTERM)])
+                                         ("xl", signal.SIGINT), ("xl", signal.SIGTERM)],
+                         ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM"])
 def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small_corpus):
+    """A user's Ctrl-C (or a scheduler's SIGTERM) at a random step of `minixl train`; then
+    --resume. The end is bit-exactly the run that was never stopped."""
     steps = 300
     whole = tmp_path / "whole"
     _run(_cli(kind, whole, small_corpus, steps))
 
-    rng = random.Random(f"{kind}-{signum}")
-    part = tmp_path / "part"
-    code, err = _interrupt(_cli(kind, part, small_corpus, steps), part / "metrics.csv", signum,
-                           delay=rng.uniform(0.0, 0.3))
+    after = random.Random(f"{kind}-{signum.name}").randint(1, steps // 3)
+    for attempt in range(3):  # should the run outpace us and finish first, signal sooner
+        part = tmp_path / f"part{attempt}"
+        code, err = _interrupt(_cli(kind, part, small_corpus, steps), part / "metrics.csv",
+                               after, [signum])
+        assert (part / "checkpoint.pt").exists(), err
+        stopped = load_checkpoint(part / "checkpoint.pt")["step"]
+        if code == 0 or stopped == steps:
+            after //= 4
+            continue
+        break
+    else:
+        pytest.fail("the run finished before the signal, three times")
     assert code == 128 + signum, err
-    lines = err.strip().splitlines()
-    assert "Traceback" not in err and lines[-1].startswith("minixl train: SIG")
-    stopped = load_checkpoint(part / "checkpoint.pt")["step"]
-    assert 0 < stopped < steps, "the signal arrived after the run had finished"
-    assert f"stopped after step {stopped}" in lines[-1]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"minixl train: {signum.name}: stopped after step {stopped}; "
+                          f"checkpoint saved to {part / 'checkpoint.pt'}")
+    assert after < stopped < steps
+    assert _steps_logged(part) == list(range(1, stopped + 1))
 
     _run(_cli(kind, part, small_corpus, steps, "--resume"))
     _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
+    assert _steps_logged(part) == _steps_logged(whole) == list(range(1, steps + 1))
     assert not list(part.glob("*.part"))
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_saves_nothing(tmp_path, small_corpus):
+    """Steps of a few hundred ms and a save of ~0.15 s: the second SIGINT, 0.1 s after the
+    first, lands in the same step or in the save the first one asked for, and the first has
+    been handled by then (two signals before the handler runs would count as one)."""
     out = tmp_path / "run"
-    # Steps of a few hundred ms, so that both signals land inside the same step.
     big = ["--d-model", "256", "--n-head", "4", "--d-inner", "1024", "--n-layer", "4",
            "--block-size", "128", "--batch-size", "16"]
-    code, err = _interrupt(_cli("char", out, small_corpus, 500, *big), out / "metrics.csv",
-                           signal.SIGINT, delay=0.05, times=2, gap=0.02)
-    assert code == 130
-    assert "interrupted; nothing was saved" in err and "Traceback" not in err
-    assert not (out / "checkpoint.pt").exists()
+    cmd = _cli("char", out, small_corpus, 500, *big)
+    code, err = _interrupt(cmd, out / "metrics.csv", 0, [signal.SIGTERM])
+    assert code == 143, err
+    saved = (out / "checkpoint.pt").read_bytes()
+    step = load_checkpoint(out / "checkpoint.pt")["step"]
 
+    code, err = _interrupt([*cmd, "--resume"], out / "metrics.csv", step, [signal.SIGINT] * 2,
+                           gap=0.1)
+    assert code == 130, err
+    assert err.strip() == ("minixl train: interrupted; nothing was saved (a checkpoint already "
+                           "on disk is unchanged)"), err
+    assert (out / "checkpoint.pt").read_bytes() == saved
+    assert load_checkpoint(out / "checkpoint.pt", for_resume=True)["step"] == step
+    assert not list(out.glob("*.part"))
+
+
+# ---------------------------------------------------------------- divergence
 
 def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, char_run,
                                                                      small_corpus):
@@ -165,18 +334,33 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, c
     cmd = train_args("char", run, 16, "--corpus", str(small_corpus), "--resume", "--lr", "1e30",
                      "--allow-change", "lr,steps")
     r = subprocess.run([sys.executable, "-m", "minixl", *cmd], capture_output=True, text=True,
-                       cwd=ROOT)
+                       cwd=ROOT, timeout=300)
     assert r.returncode == 3, r.stderr
-    assert "training diverged" in r.stderr and "Traceback" not in r.stderr
-    assert f"{run / 'checkpoint.pt'} (step 8)" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    found = re.match(r"minixl train: training diverged: .* at step (\d+);", r.stderr)
+    assert found and 8 < int(found[1]) <= 16, r.stderr
+    assert f"the last good checkpoint is {run / 'checkpoint.pt'} (step 8)" in r.stderr
+    assert "--lr" in r.stderr
     assert (run / "checkpoint.pt").read_bytes() == good
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    assert ckpt["step"] == 8 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+def test_divergence_of_a_new_run_writes_no_checkpoint(tmp_path, small_corpus, capsys):
+    out = tmp_path / "run"
+    assert main(train_args("char", out, 8, "--corpus", str(small_corpus), "--lr", "1e30")) == 3
+    err = capsys.readouterr().err
+    assert "training diverged" in err and "none (no checkpoint was written)" in err
+    assert not (out / "checkpoint.pt").exists()
 
 
 def test_training_config_refuses_non_finite_and_out_of_range_values():
     for bad in (dict(lr=float("inf")), dict(lr=float("nan")), dict(lr=0.0), dict(steps=0),
-                dict(batch_size=0), dict(grad_clip=-1.0), dict(min_lr_frac=2.0)):
+                dict(batch_size=0), dict(grad_clip=-1.0), dict(min_lr_frac=2.0),
+                dict(weight_decay=float("nan")), dict(eval_bytes=1), dict(warmup=-1)):
         with pytest.raises(ValueError):
             TrainConfig(**bad)
+    TrainConfig(lr=1e-3, grad_clip=0.0, eval_bytes=None)  # 0 = no clipping, None = all
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -186,27 +370,40 @@ def test_save_is_atomic_and_removes_stale_parts(tmp_path):
     save_checkpoint(path, {"format": FORMAT, "x": torch.ones(2)})
     stale = tmp_path / "checkpoint.pt.abc123.part"  # what SIGKILL during a save leaves
     stale.write_bytes(b"half a file")
-    with pytest.raises(Exception):
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         save_checkpoint(path, {"format": FORMAT, "x": lambda: 0})  # cannot be pickled
     assert torch.equal(torch.load(path, weights_only=True)["x"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    save_checkpoint(path, {"format": FORMAT, "x": torch.zeros(3)})
+    assert torch.equal(torch.load(path, weights_only=True)["x"], torch.zeros(3))
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
 
 @pytest.mark.parametrize("content,message", [
+    (None, "no checkpoint at"),
     (b"", "is empty (0 bytes)"),
     (b"not a checkpoint at all", "cannot be read as a minixl checkpoint"),
     ({"weights": 1}, "is not a minixl-checkpoint-2 file"),
+    ({"format": "minixl-checkpoint-1"}, "written by an older minixl"),
     ({"format": FORMAT, "step": 1, "model_config": {}, "meta": {}}, "has no 'model' entry"),
 ])
 def test_unreadable_checkpoints_fail_clearly(tmp_path, content, message):
     path = tmp_path / "c.pt"
     if isinstance(content, bytes):
         path.write_bytes(content)
-    else:
+    elif content is not None:
         torch.save(content, path)
     with pytest.raises(CheckpointError, match=re.escape(message)) as err:
         load_checkpoint(path)
+    assert str(path) in str(err.value)
     assert "weights_only" not in str(err.value)  # no advice to load untrusted pickles
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": FORMAT, "x": Path("/")}, path)  # any object that is not plain data
+    with pytest.raises(CheckpointError, match="cannot be read as a minixl checkpoint"):
+        load_checkpoint(path)
 
 
 def test_a_checkpoint_without_training_state_cannot_be_resumed(tmp_path, char_run):
@@ -224,10 +421,15 @@ def test_check_resume_lists_every_change_and_honours_allow():
         check_resume(saved, {"model.d_model": 64, "lr": 2e-3, "seed": 0},
                      fixed={"model.d_model"}, allow=set())
     assert "model.d_model: 32 -> 64" in str(err.value) and "lr: 0.001 -> 0.002" in str(err.value)
-    changes = check_resume(saved, {**saved, "lr": 2e-3}, fixed={"model.d_model"}, allow={"lr"})
-    assert changes == {"lr": (1e-3, 2e-3)}
+    assert "seed" not in str(err.value)  # unchanged settings are not listed
     assert "model.d_model cannot change on resume" in str(err.value)
     assert "--allow-change lr" in str(err.value)
+    changes = check_resume(saved, {**saved, "lr": 2e-3}, fixed={"model.d_model"}, allow={"lr"})
+    assert changes == {"lr": (1e-3, 2e-3)}
+    assert check_resume(saved, saved, fixed={"model.d_model"}, allow=set()) == {}
+    with pytest.raises(CheckpointError, match="model.d_model cannot change"):  # allow or not
+        check_resume(saved, {**saved, "model.d_model": 64}, fixed={"model.d_model"},
+                     allow={"lr"})
     for name in ("colour", "model.d_model"):  # unknown, or part of the model
         with pytest.raises(ValueError, match="not a setting a resumed run can change"):
             check_resume(saved, saved, fixed={"model.d_model"}, allow={name})
@@ -241,24 +443,34 @@ def _resume(run, corpus, *extra, steps=8):
 
 def test_resume_refuses_changed_settings_with_a_diff(tmp_path, char_run, small_corpus, capsys):
     run = Path(shutil.copytree(char_run, tmp_path / "run"))
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
     other = tmp_path / "other.txt"
     other.write_bytes(small_corpus.read_bytes()[::-1])  # same size, other text
-    cases = [(("--lr", "0.01"), "lr: 0.002 -> 0.01"), (("--seed", "1"), "seed: 0 -> 1"),
-             (("--d-model", "64"), "model.d_model: 32 -> 64"),
-             (("--aux-losses", "none"), "objective: ")]
+    sha = load_checkpoint(run / "checkpoint.pt")["meta"]["corpus"]["sha256"]
+    from minixl.data import load_corpus
+    other_sha = load_corpus(str(other)).sha256
+    cases = [(("--lr", "0.01"), ["lr: 0.002 -> 0.01"]), (("--seed", "1"), ["seed: 0 -> 1"]),
+             (("--d-model", "64"), ["model.d_model: 32 -> 64"]),
+             (("--aux-losses", "none"), ["objective: 'positions targets=1' -> 'none targets=1'"])]
     for extra, diff in cases:
         assert _resume(run, small_corpus, *extra, steps=10) == 2
         err = capsys.readouterr().err
-        assert diff in err and "Traceback" not in err, err
+        assert all(d in err for d in diff) and "Traceback" not in err, err
     assert _resume(run, other, steps=10) == 2
-    assert "corpus: " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "corpus: " in err and sha in err and other_sha in err and "--allow-change" in err, err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # refusals change nothing
 
     assert _resume(run, small_corpus) == 2  # the run is finished
     assert "--allow-change steps" in capsys.readouterr().err
+    assert _resume(run, small_corpus, "--lr", "0.001", "--allow-change", "lr", steps=10) == 2
+    assert "steps: 8 -> 10" in capsys.readouterr().err  # steps is part of the identity too
     assert _resume(run, small_corpus, "--lr", "0.001", "--allow-change", "lr,steps",
                    steps=10) == 0
     assert "resuming with lr changed: 0.002 -> 0.001" in capsys.readouterr().out
-    assert load_checkpoint(run / "checkpoint.pt")["step"] == 10
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    assert ckpt["step"] == 10 and ckpt["train_config"]["lr"] == 0.001
+    assert _steps_logged(run) == [2, 4, 6, 8, 10]
 
 
 def test_the_folder_rules(tmp_path, small_corpus, capsys):
@@ -268,25 +480,33 @@ def test_the_folder_rules(tmp_path, small_corpus, capsys):
     assert "--allow-change applies to --resume only" in capsys.readouterr().err
     assert main([*base, "--resume"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+    assert not out.exists()  # the refusals made no folder
     assert main(base) == 0
+    first = (out / "checkpoint.pt").read_bytes()
     assert main(base) == 2  # a run is there
     assert "pass --resume to continue it, --overwrite" in capsys.readouterr().err
     assert main([*base, "--resume", "--overwrite"]) == 2
     assert "not both" in capsys.readouterr().err
-    (out / "metrics.csv").write_text("step,train_bpc\n99,1.0\n")
-    assert main([*base, "--overwrite"]) == 0
-    assert "99," not in (out / "metrics.csv").read_text()
+    assert (out / "checkpoint.pt").read_bytes() == first
 
 
 # ---------------------------------------------------------------- compile, bench, devices
 
 def test_compiled_training_saves_plain_keys(tmp_path, monkeypatch, small_corpus):
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="eager"))
+    real, calls = torch.compile, []
+
+    def eager(fn, **kw):
+        calls.append(fn)
+        return real(fn, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", eager)
     out = tmp_path / "run"
     assert main(train_args("char", out, 2, "--corpus", str(small_corpus), "--compile")) == 0
+    assert calls, "--compile did not compile the model"
     keys = load_checkpoint(out / "checkpoint.pt")["model"]
-    assert keys and not any("_orig_mod" in k for k in keys)
+    plain = CharTransformer(CharTransformerConfig(n_layer=1, d_model=32, n_head=2, d_inner=64,
+                                                  block_size=32)).state_dict()
+    assert list(keys) == list(plain)
 
 
 @pytest.mark.parametrize("kind", ["char", "xl"])
@@ -294,22 +514,29 @@ def test_bench_on_the_cpu_reports_throughput_without_mfu(kind):
     cfg = {"char": TINY, "xl": KINDS["xl"].config(n_layer=1, d_model=32, n_head=2, d_head=16,
                                                    d_inner=64, tgt_len=16, mem_len=16)}[kind]
     r = bench(KINDS[kind], cfg, batch_size=2, steps=2, warmup=1, device="cpu")
-    assert r["tokens_per_s"] > 0 and r["mfu"] is None and r["device"] == "cpu"
+    assert r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["device"] == "cpu"
+    assert r["mfu"] is None and r["peak_tflops"] is None
+    assert r["seq_len"] == 32 if kind == "char" else 16
 
 
 def test_peak_table_matches_names_exactly():
-    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0  # SXM
     assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H100 NVL") == 835.0
     assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert peak_tflops("NVIDIA L4") == 121.0
+    assert peak_tflops("NVIDIA L40S") == 362.0
     assert peak_tflops("NVIDIA L40") is None  # neither the L4 nor the L40S
     assert peak_tflops("Some Future GPU") is None
 
 
 def test_devices():
     assert resolve_device("cpu").type == "cpu"
-    with pytest.raises(ValueError, match="unknown device"):
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
         resolve_device("tpu")
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="sees no CUDA GPU"):
-            resolve_device("cuda")
+        for name in ("cuda", "cuda:0"):
+            with pytest.raises(ValueError, match="sees no CUDA GPU"):
+                resolve_device(name)
