@@ -34,6 +34,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = CharTransformerConfig(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=32)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run no faster on two threads, and far slower when the two wait for each
+    other on a machine busy with other work; the setting is put back after this module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ---------------------------------------------------------------- the book's loop
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -188,7 +198,8 @@ def test_a_signal_to_this_process_stops_after_the_step_and_resumes_exactly(
     assert (stop.value.signum, stop.value.step) == (signum, 6)
     assert load_checkpoint(tmp_path / "part" / "checkpoint.pt")["step"] == 6
     assert _steps_logged(tmp_path / "part") == list(range(1, 7))
-    assert signal.getsignal(signal.SIGINT) is handler and not leaked  # handlers put back
+    assert signal.getsignal(signal.SIGINT) is handler is signal.getsignal(signal.SIGTERM)
+    assert not leaked
 
     part, whole = tmp_path / "part", tmp_path / "whole"
     _library_run(kind, part, resume=True)
@@ -202,7 +213,7 @@ def test_a_second_sigint_in_this_process_aborts_and_keeps_the_checkpoint(tmp_pat
     handler, leaked = signal_guard
     run, seen = tmp_path / "run", {}
 
-    def twice(step):  # step 5 (0-based): its row is logged, the last checkpoint is step 4
+    def twice(step):  # as step 6 begins: 5 rows logged, the last checkpoint is of step 4
         if step == 5:
             seen["bytes"] = (run / "checkpoint.pt").read_bytes()
             os.kill(os.getpid(), signal.SIGINT)  # held until the step has finished ...
@@ -213,11 +224,12 @@ def test_a_second_sigint_in_this_process_aborts_and_keeps_the_checkpoint(tmp_pat
     assert (run / "checkpoint.pt").read_bytes() == seen["bytes"]
     assert load_checkpoint(run / "checkpoint.pt", for_resume=True)["step"] == 4
     assert not list(run.glob("*.part"))
-    assert signal.getsignal(signal.SIGINT) is handler and not leaked
+    assert signal.getsignal(signal.SIGINT) is handler is signal.getsignal(signal.SIGTERM)
+    assert not leaked
 
     _library_run("char", tmp_path / "whole")
     assert _steps_logged(run) == [1, 2, 3, 4, 5]
-    _library_run("char", run, resume=True)  # redoes step 5, and its metrics row
+    _library_run("char", run, resume=True)  # redoes step 5, and replaces its metrics row
     _assert_same_checkpoint(run / "checkpoint.pt", tmp_path / "whole" / "checkpoint.pt")
     assert _steps_logged(run) == list(range(1, 13))
 
@@ -233,8 +245,13 @@ def _cli(kind, out, corpus, steps, *extra):
                         *extra)]
 
 
+# One thread per subprocess: on a small machine shared with other work, two OpenMP threads
+# that wait for each other make tiny runs many times slower.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr
     return r
 
@@ -249,7 +266,7 @@ def _rows(metrics: Path) -> int:
 def _interrupt(cmd, metrics: Path, rows: int, signals, gap: float = 0.03):
     """Start cmd; once metrics.csv has more than `rows` rows, send `signals` `gap` s apart."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+                            cwd=ROOT, env=ENV)
     try:
         deadline = time.monotonic() + 120
         while _rows(metrics) <= rows and proc.poll() is None:
@@ -273,32 +290,40 @@ def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small
     """A user's Ctrl-C (or a scheduler's SIGTERM) at a random step of `minixl train`; then
     --resume. The end is bit-exactly the run that was never stopped."""
     steps = 300
-    whole = tmp_path / "whole"
-    _run(_cli(kind, whole, small_corpus, steps))
+    whole = tmp_path / "whole"  # the run that is never stopped, meanwhile in the background
+    unbroken = subprocess.Popen(_cli(kind, whole, small_corpus, steps), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV)
 
-    after = random.Random(f"{kind}-{signum.name}").randint(1, steps // 3)
-    for attempt in range(3):  # should the run outpace us and finish first, signal sooner
-        part = tmp_path / f"part{attempt}"
-        code, err = _interrupt(_cli(kind, part, small_corpus, steps), part / "metrics.csv",
-                               after, [signum])
-        assert (part / "checkpoint.pt").exists(), err
-        stopped = load_checkpoint(part / "checkpoint.pt")["step"]
-        if code == 0 or stopped == steps:
-            after //= 4
-            continue
-        break
-    else:
-        pytest.fail("the run finished before the signal, three times")
-    assert code == 128 + signum, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"minixl train: {signum.name}: stopped after step {stopped}; "
-                          f"checkpoint saved to {part / 'checkpoint.pt'}")
-    assert after < stopped < steps
-    assert _steps_logged(part) == list(range(1, stopped + 1))
+    try:
+        after = random.Random(f"{kind}-{signum.name}").randint(1, steps // 3)
+        for attempt in range(3):  # should the run outpace us and finish first, signal sooner
+            part = tmp_path / f"part{attempt}"
+            code, err = _interrupt(_cli(kind, part, small_corpus, steps), part / "metrics.csv",
+                                   after, [signum])
+            assert (part / "checkpoint.pt").exists(), err
+            stopped = load_checkpoint(part / "checkpoint.pt")["step"]
+            if code == 0 or stopped == steps:
+                after //= 4
+                continue
+            break
+        else:
+            pytest.fail("the run finished before the signal, three times")
+        assert code == 128 + signum, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"minixl train: {signum.name}: stopped after step {stopped}; "
+                              f"checkpoint saved to {part / 'checkpoint.pt'}")
+        assert after < stopped < steps
+        assert _steps_logged(part) == list(range(1, stopped + 1))
 
-    _run(_cli(kind, part, small_corpus, steps, "--resume"))
-    _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
-    assert _steps_logged(part) == _steps_logged(whole) == list(range(1, steps + 1))
+        _run(_cli(kind, part, small_corpus, steps, "--resume"))
+        out, err = unbroken.communicate(timeout=300)
+        assert unbroken.returncode == 0, err
+        _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
+        assert _steps_logged(part) == _steps_logged(whole) == list(range(1, steps + 1))
+    finally:
+        if unbroken.poll() is None:  # the test failed before it ended
+            unbroken.kill()
+            unbroken.communicate()
     assert not list(part.glob("*.part"))
 
 
@@ -334,7 +359,7 @@ def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, c
     cmd = train_args("char", run, 16, "--corpus", str(small_corpus), "--resume", "--lr", "1e30",
                      "--allow-change", "lr,steps")
     r = subprocess.run([sys.executable, "-m", "minixl", *cmd], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+                       cwd=ROOT, env=ENV, timeout=300)
     assert r.returncode == 3, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     found = re.match(r"minixl train: training diverged: .* at step (\d+);", r.stderr)
