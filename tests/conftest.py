@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from minixl.cli import main
 
@@ -63,3 +64,13 @@ def copy_run(tmp_path):
     def copy(run: Path) -> Path:
         return Path(shutil.copytree(run, tmp_path / "copy" / run.name))
     return copy
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module of tiny runs: they run no faster on two, and far
+    slower when the two wait for each other on a busy machine; put back afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -20,14 +20,7 @@ from minixl.models import model_from_checkpoint
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run no faster on two threads, and far slower when the two wait for each
-    other on a machine busy with other work; the setting is put back after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 # ---------------------------------------------------------------- the round trip
