@@ -10,6 +10,7 @@ Exit codes: 0 done; 2 bad input (one line says what was wrong and what is expect
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import MISSING, fields
 
@@ -125,6 +126,8 @@ def cmd_train(args) -> int:
                        allow_change=tuple(args.allow_change), meta=meta,
                        progress=not args.no_progress)
     except TrainingInterrupted as err:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # the checkpoint is saved: let us exit
+            signal.signal(signum, signal.SIG_IGN)
         print(f"minixl train: {err}", file=sys.stderr)
         return 128 + err.signum
     except TrainingDiverged as err:

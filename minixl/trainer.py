@@ -10,9 +10,10 @@ the default is the next-byte loss at every position.
 With an output folder, a run keeps atomic checkpoints, a metrics CSV and a loss plot, and
 copes with being stopped:
 
-- SIGINT (Ctrl-C) or SIGTERM lets the current optimiser step finish, saves a checkpoint of
-  exactly that step and raises `TrainingInterrupted`; a second Ctrl-C aborts at once
-  (KeyboardInterrupt) and leaves the checkpoint on disk as it was.
+- SIGINT (Ctrl-C) or SIGTERM prints a notice at once, lets the current optimiser step finish,
+  saves a checkpoint of exactly that step and raises `TrainingInterrupted`; a second Ctrl-C
+  before that checkpoint is on disk aborts at once (KeyboardInterrupt) and leaves the previous
+  checkpoint as it was; one after it is ignored (the run is already stopping).
 - a loss or gradient norm that is not finite raises `TrainingDiverged`, naming the step;
   nothing is saved after it, so the last good checkpoint stays.
 - ``resume=True`` continues exactly where the checkpoint stopped (same batches, dropout masks
@@ -27,6 +28,7 @@ import csv
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -202,6 +204,7 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable, objective: C
                     log.check_finite(run)
                     run.save(done, state)
                 if stopper.signum:
+                    stopper.saved = True
                     raise TrainingInterrupted(stopper.signum, done, run.ckpt)
             log.check_finite(run)
             with stopper.interruptible():
@@ -213,6 +216,7 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable, objective: C
                 run.write(row)
             if run.saved != done:
                 run.save(done, state)
+            stopper.saved = True
             raise TrainingInterrupted(stopper.signum, done, run.ckpt) from None
         finally:
             bar.close()
@@ -228,12 +232,25 @@ class _StopNow(Exception):
     """Raised by the signal handler while the run does work it may abandon (evaluation)."""
 
 
+def _notice(text: str) -> None:
+    """Write from a signal handler: straight to the file descriptor when there is one, so a
+    write the handler interrupted is never re-entered."""
+    try:
+        os.write(sys.stderr.fileno(), text.encode())
+    except (AttributeError, OSError, ValueError):  # a notebook's stream has no real descriptor
+        sys.stderr.write(text)
+
+
 class _Stopper:
-    """Holds SIGINT and SIGTERM until the current step has finished; a second SIGINT aborts."""
+    """Holds SIGINT and SIGTERM until the current step has finished; a second SIGINT aborts.
+
+    `saved` is set once the stopping checkpoint is on disk: from then on a further SIGINT has
+    nothing left to abort and is ignored, so a double Ctrl-C never turns a clean stop into a
+    traceback."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.signum, self._abandon, self._old = None, False, {}
+        self.signum, self._abandon, self._old, self.saved = None, False, {}, False
 
     def __enter__(self):
         if self.enabled:
@@ -245,9 +262,15 @@ class _Stopper:
             signal.signal(s, handler)
 
     def _handle(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: stop now, save nothing
-        self.signum = self.signum or signum
+        if self.signum is not None:
+            if signum == signal.SIGINT and not self.saved:
+                raise KeyboardInterrupt  # the second Ctrl-C: stop now, save nothing
+            return
+        self.signum = signum
+        _notice(f"minixl: {signal.Signals(signum).name} received; "
+                + ("stopping evaluation and saving" if self._abandon else
+                   "finishing the current step, then saving")
+                + " a checkpoint (Ctrl-C again aborts without saving)\n")
         if self._abandon:
             raise _StopNow
 
