@@ -20,7 +20,7 @@ from .char_transformer import generate
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
-from .evaluation import PROTOCOLS, evaluate
+from .evaluation import INFILL_SPAN, PROTOCOLS, evaluate
 from .models import KINDS, kind_of, model_from_checkpoint, with_overrides
 
 __all__ = ["main", "build_parser"]
@@ -29,10 +29,13 @@ __all__ = ["main", "build_parser"]
 FIELD_HELP = {
     "block_size": "the window length", "pos": "absolute positions: per_layer, sinusoid or none",
     "max_relative": "the clipping distance k of relative attention",
-    "tgt_len": "the segment length", "mem_len": "memory length per layer (0 = none)",
+    "tgt_len": "the segment length", "seq_len": "the window length",
+    "n_predict": "bytes predicted per window, the last of a random factorisation order "
+                 "(partial prediction, K = seq-len / n-predict)",
+    "mem_len": "memory length per layer (0 = none; xlnet carries it only when sampling)",
     "clamp_len": "cap on relative distances (0 = none)", "d_head": "width of one head",
     "pre_lnorm": "layer norm before each sublayer (tiny, small) or after it (base, as the paper)",
-    "dropatt": "dropout on attention weights",
+    "dropatt": "dropout on attention weights", "layer_norm_eps": "the layer norms' epsilon",
 }
 TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "grad_clip", "seed", "eval_every",
                "eval_bytes", "ckpt_every", "log_every")
@@ -98,10 +101,14 @@ def cmd_train(args) -> int:
     objective = kind.objective(model_cfg, *aux)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
         raise ValueError("--sample-len must be >= 0, and --prompt not empty when it is > 0")
+    length = getattr(model_cfg, kind.length)
+    if kind.protocols[0] == "infill" and length <= INFILL_SPAN:  # found now, not after training
+        raise ValueError(f"{_flag(kind.length)} {length} is too short for the held-out infill "
+                         f"evaluation, a span of {INFILL_SPAN} bytes inside each window: use "
+                         f"{_flag(kind.length)} {INFILL_SPAN + 1} or more")
     source = args.corpus or "pydoc"
     corpus = load_corpus(source)
     batches = kind.batches(corpus.train, cfg.batch_size, model_cfg, seed=cfg.seed)
-    length = getattr(model_cfg, kind.length)
     if len(corpus.valid) < length + 1:
         raise ValueError(f"the valid split of {corpus.name!r} has {len(corpus.valid):,} bytes, "
                          f"too few for one window of {length}; use more text or a smaller "
@@ -281,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--protocol", choices=PROTOCOLS, help="memory (the default for xl): segments "
                    "with memory; all-positions (the default for char and shaw): every position "
                    "of windows; sliding: the paper's one prediction per window (seq-len times "
-                   "slower)")
+                   f"slower); infill (the default for xlnet): a span of {INFILL_SPAN} bytes in the "
+                   "middle of each window, read with both sides seen")
     e.add_argument("--seq-len", type=int, help="window length (default: the training one)")
     e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     e.add_argument("--tgt-len", type=int, help="memory: segment length (default: training's)")

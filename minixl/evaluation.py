@@ -1,4 +1,4 @@
-"""Evaluation protocols in one place: all positions, sliding window, and memory.
+"""Evaluation protocols in one place: all positions, sliding window, memory, and infilling.
 
 Hand-written shared machinery (not generated). The protocols themselves are taught and
 exported by the chapters; `evaluate` picks one by name for any model that meets the model
@@ -9,7 +9,10 @@ protocol, as the trainer (held-out bpc) and `minixl eval` do:
 - ``sliding``: Chapter 2's `evaluate_bpc_sliding`, each byte predicted from a full window,
   `stride` predictions per window (stride 1 is Al-Rfou et al.'s protocol);
 - ``memory``: Chapter 4's `stream_nll`, the text read as parallel streams in segments of
-  seq_len with the model's state (Transformer-XL's memory) carried from one to the next.
+  seq_len with the model's state (Transformer-XL's memory) carried from one to the next;
+- ``infill``: Chapter 5's `evaluate_infill`, a span of `INFILL_SPAN` bytes in the middle of
+  each window of seq_len, read left to right within the span with both sides seen: it needs
+  a model that sees both sides (an XLNet), so it has no left-to-right counterpart.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from .transformer_xl import evaluate_bpc_xl
 
 __all__ = ["PROTOCOLS", "Evaluation", "evaluate", "memory_streams"]
 
-PROTOCOLS = ("all-positions", "sliding", "memory")
+PROTOCOLS = ("all-positions", "sliding", "memory", "infill")
+INFILL_SPAN = 8  # bytes scored per window by the infill protocol
 
 
 @dataclass
@@ -52,7 +56,7 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: in
              stride: int | None = None, batch_size: int = 64) -> Evaluation:
     """Bits per byte of data [N] under a named protocol (see the module docstring).
 
-    seq_len is the window (all-positions, sliding) or the segment length (memory);
+    seq_len is the window (all-positions, sliding, infill) or the segment length (memory);
     batch_size is windows per forward pass, or at most that many streams with memory.
     """
     if protocol not in PROTOCOLS:
@@ -64,6 +68,20 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: in
         raise ValueError("a stride applies to the sliding protocol only")
     if len(data) < 2:
         raise ValueError(f"need at least 2 bytes to score one prediction, got {len(data)}")
+    if protocol == "infill":
+        from .xlnet import XLNet, evaluate_infill
+
+        if not isinstance(model, XLNet):
+            raise ValueError(f"the infill protocol needs a model that sees both sides of a span "
+                             f"(an XLNet); a {type(model).__name__} reads left to right only: "
+                             "use all-positions, sliding or memory")
+        if seq_len <= INFILL_SPAN:
+            raise ValueError(f"the infill protocol scores spans of {INFILL_SPAN} bytes inside "
+                             f"windows of seq_len, so seq_len must be more than {INFILL_SPAN}, "
+                             f"got {seq_len}")
+        if len(data) < seq_len:
+            raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
+                             f"bytes, got {len(data)}")
     with autocast(next(model.parameters()).device):
         if protocol == "all-positions":
             bpc = evaluate_bpc(model, data, seq_len=seq_len, batch_size=batch_size)
@@ -74,6 +92,12 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: in
                                        batch_size=batch_size)
             how = (f"sliding windows of {seq_len}, the last {stride} position"
                    f"{'s' * (stride > 1)} of each scored")
+        elif protocol == "infill":
+            bpc = evaluate_infill(model, data, seq_len=seq_len, span=INFILL_SPAN,
+                                  reading="sequential", batch_size=batch_size)
+            n = len(data) // seq_len
+            how = (f"{n} span{'s' * (n > 1)} of {INFILL_SPAN} bytes in the middle of windows of "
+                   f"{seq_len}, read left to right within the span, both sides seen")
         else:
             streams = memory_streams(len(data), seq_len, batch_size)
             bpc = evaluate_bpc_xl(model, data, tgt_len=seq_len, batch_size=streams)

@@ -23,6 +23,7 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .data import OrderedStreams, RandomWindows
 from .relative_attention import shaw_factory
 from .transformer_xl import TransformerXL, TransformerXLConfig
+from .xlnet import XLNet, XLNetConfig
 
 __all__ = ["ShawConfig", "ModelKind", "KINDS", "kind_of", "parse_aux_losses",
            "model_from_checkpoint", "with_overrides"]
@@ -82,11 +83,23 @@ def _aux_objective(model_cfg, aux_losses: str, aux_targets: int) -> nn.Module:
                                   vocab_size=model_cfg.vocab_size))
 
 
-def _plain_objective(model_cfg, aux_losses: str, aux_targets: int) -> None:
+def _no_aux(aux_losses: str, aux_targets: int, trains_on: str) -> None:
     if (aux_losses, aux_targets) != ("positions", 1):
         raise ValueError("--aux-losses and --aux-targets apply to the windowed models (char, "
-                         "shaw); this model trains on the next byte at every position")
+                         f"shaw); this model trains on {trains_on}")
+
+
+def _plain_objective(model_cfg, aux_losses: str, aux_targets: int) -> None:
+    _no_aux(aux_losses, aux_targets, "the next byte at every position")
     return None  # the trainer's default: the next-byte loss at every position, via step
+
+
+def _permutation_objective(model_cfg, aux_losses: str, aux_targets: int) -> nn.Module:
+    _no_aux(aux_losses, aux_targets, "the bytes of a random factorisation order (--n-predict "
+            "of each window)")
+    from .xlnet import PermutationObjective
+
+    return PermutationObjective("permutation")
 
 
 def _char_flops(model: nn.Module) -> float:
@@ -108,6 +121,23 @@ def _xl_flops(model: nn.Module) -> float:
     n_params = sum(p.numel() for p in model.parameters())
     r_params = sum(m.r_net.weight.numel() for m in model.modules() if hasattr(m, "r_net"))
     return 6 * n_params + 6 * r_params * (Tk / T - 1) + 18 * c.n_layer * Tk * c.n_head * c.d_head
+
+
+def _xlnet_flops(model: nn.Module) -> float:
+    """Training FLOPs per token, for windows of T = seq_len with P = n_predict predicted and
+    no memory: 6N for the weights, but the tied output layer scores only the P query rows,
+    which also go through W_q, W_o and the feed-forward, and W_r (its 2T - 1 distances are
+    shared by the batch) is left out; attention per row, counted in full, is the content and
+    position scores (the latter over all 2T - 1 distances, before the shift) and the weighted
+    sum, 6 C (4T - 1), for T content and P query rows. The last layer's content stream never
+    reaches the loss: forward only (2x, not 6x)."""
+    c = model.config
+    T, P, C, L, V = c.seq_len, c.n_predict, c.d_model, c.n_layer, c.vocab_size
+    n_params = sum(p.numel() for p in model.parameters())
+    row = 2 * C * C + 2 * C * c.d_inner  # W_q, W_o and the feed-forward, per row
+    attention = C * (4 * T - 1)  # per row
+    weights = n_params - L * C * C + V * C * (P / T - 1) + L * row * P / T
+    return 6 * weights + 6 * L * attention * (T + P) / T - 4 * (row + attention)
 
 
 @dataclass(frozen=True)
@@ -168,6 +198,24 @@ _XL_PRESETS = {
                   eval_every=1000, ckpt_every=1000, eval_bytes=1 << 20)),
 }
 
+# n_predict = seq_len / K with K about 6: Yang et al. (2019) predict the last 1/K of each
+# order, K = 6 for XLNet-Large (their ablation of the base model also tries 7). Training reads
+# random windows without memory (the paper also carries a memory of 384 across segments,
+# which minixl's XLNet training does not do), so mem_len is 0: sampling then re-reads the
+# last seq_len - 1 bytes at each step (XLNet.step).
+_XLNET_PRESETS = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_inner=512, seq_len=128, n_predict=21),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, seq_len=256, n_predict=43),
+              dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)),
+    # The XLNet-Base shape (Yang et al. 2019); the optimiser settings are ours (the paper
+    # trains far longer, on far larger batches).
+    "base": (dict(n_layer=12, d_model=768, n_head=12, d_inner=3072, seq_len=512, n_predict=85,
+                  dropout=0.1, dropatt=0.1),
+             dict(steps=20000, batch_size=32, lr=4e-4, warmup=1000, eval_every=1000,
+                  ckpt_every=1000, eval_bytes=1 << 20)),
+}
+
 KINDS: dict[str, ModelKind] = {
     "char": ModelKind(
         "char", "Chapter 1's CharTransformer, trained on random windows",
@@ -182,6 +230,10 @@ KINDS: dict[str, ModelKind] = {
         TransformerXLConfig, TransformerXL, "tgt_len", True,
         ("memory", "all-positions", "sliding"), _XL_PRESETS, _xl_flops, objective=_plain_objective,
         eval_overrides=("tgt_len", "mem_len", "clamp_len")),
+    "xlnet": ModelKind(
+        "xlnet", "Chapter 5's XLNet, trained on random windows with the permutation objective",
+        XLNetConfig, XLNet, "seq_len", False, ("infill", "all-positions"), _XLNET_PRESETS,
+        _xlnet_flops, objective=_permutation_objective),
 }
 
 

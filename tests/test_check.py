@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import minixl
 from minixl import check
+from minixl import xlnet  # not through minixl's names: the package's __init__ is generated
 
 
 def fails_with(capsys, checker, fn, *hints):
@@ -34,7 +35,8 @@ def test_checkers_pass_the_reference(name, reference, capsys):
 def test_every_checker_is_tested():
     assert set(check.__all__) == {"causal_mask", "attention", "sinusoid_positions",
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
-                                  "rel_shift"}
+                                  "rel_shift", "permutation_masks", "query_stream_mask",
+                                  "rel_shift_bi"}
 
 
 def test_causal_mask_checker_explains_memory_and_inversion(capsys):
@@ -190,3 +192,171 @@ def test_rel_shift_checker_names_the_slip(capsys):
     fails_with(capsys, check.rel_shift, lambda x: x[..., :1], "the output is (3, 1)",
                "expected the input's shape (3, 3)")
     fails_with(capsys, check.rel_shift, lambda x: math.nan + "x", "raised TypeError")
+
+
+# ---------------------------------------------------------------- Chapter 5: XLNet
+
+def _ranks(order, n_predict=None):
+    """What a student writes: the step of each position, context tied at rank 0."""
+    T = order.size(-1)
+    n = T if n_predict is None else n_predict
+    step = order.argsort(-1)
+    return (step - (T - n) + 1).clamp(min=0)
+
+
+def student_permutation_masks(order, n_predict=None):
+    rank = _ranks(order, n_predict)
+    return rank[..., None, :] <= rank[..., :, None], rank[..., None, :] < rank[..., :, None]
+
+
+def student_rel_shift_bi(x, klen):  # a gather instead of the reference's pad and reshape
+    qlen = x.size(-2)
+    col = qlen - 1 - torch.arange(qlen)[:, None] + torch.arange(klen)
+    return x.gather(-1, col.expand(*x.shape[:-1], klen))
+
+
+@pytest.mark.parametrize("name,reference", [
+    ("permutation_masks", xlnet.permutation_masks),
+    ("permutation_masks", student_permutation_masks),
+    ("query_stream_mask", lambda order: xlnet.permutation_masks(order)[1]),
+    ("query_stream_mask", lambda order: student_permutation_masks(order)[1]),
+    ("rel_shift_bi", xlnet.rel_shift_bi), ("rel_shift_bi", student_rel_shift_bi),
+])
+def test_chapter_five_checkers_pass_a_correct_implementation(name, reference, capsys):
+    assert getattr(check, name)(reference) is True
+    assert capsys.readouterr().out.startswith(f"PASS {name}: all ")
+
+
+def test_permutation_masks_checker_names_the_slip(capsys):
+    def masks(rank):
+        return rank[..., None, :] <= rank[..., :, None], rank[..., None, :] < rank[..., :, None]
+
+    def positions_as_ranks(order, n_predict=None):  # order[i] read as the step of position i
+        T = order.size(-1)
+        n = T if n_predict is None else n_predict
+        return masks((order - (T - n) + 1).clamp(min=0))
+
+    def query_sees_itself(order, n_predict=None):
+        content, _ = student_permutation_masks(order, n_predict)
+        return content, content.clone()
+
+    def swapped(order, n_predict=None):
+        content, query = student_permutation_masks(order, n_predict)
+        return query, content
+
+    def transposed(order, n_predict=None):
+        return tuple(m.transpose(-2, -1) for m in student_permutation_masks(order, n_predict))
+
+    def no_partial_prediction(order, n_predict=None):  # every position ranked on its own
+        return student_permutation_masks(order)
+
+    def targets_from_zero(order, n_predict=None):  # the first target shares rank 0 with context
+        T = order.size(-1)
+        n = T if n_predict is None else n_predict
+        return masks((order.argsort(-1) - (T - n)).clamp(min=0))
+
+    def context_in_order(order, n_predict=None):  # the context keeps its order among itself
+        content, query = student_permutation_masks(order, n_predict)
+        full = student_permutation_masks(order)[0]
+        return full, query
+
+    def context_sees_itself_only(order, n_predict=None):  # content = query + the diagonal
+        _, query = student_permutation_masks(order, n_predict)
+        return query | torch.eye(order.size(-1), dtype=torch.bool), query
+
+    def floats(order, n_predict=None):
+        return tuple(m.float() for m in student_permutation_masks(order, n_predict))
+
+    def one_dimensional(order, n_predict=None):  # T taken from the first axis: no batches
+        T = order.size(0)
+        rank = _ranks(order.reshape(-1)[:T], n_predict)
+        return masks(rank)
+
+    check_ = check.permutation_masks
+    fails_with(capsys, check_, positions_as_ranks, "for order [2, 0, 1, 3]",
+               "ranks and positions are confused", "argsort")
+    fails_with(capsys, check_, query_sees_itself, "in the query mask: the query stream sees "
+               "its own position", "rank_j < rank_i, not <=")
+    fails_with(capsys, check_, swapped, "the content and query masks are swapped")
+    fails_with(capsys, check_, transposed, "in the content mask: the mask is transposed")
+    fails_with(capsys, check_, no_partial_prediction, "for order [3, 1, 4, 2, 0], n_predict=2",
+               "n_predict is ignored", "share rank 0 and see one another")
+    fails_with(capsys, check_, targets_from_zero, "n_predict=2", "off by one",
+               "the last 1 position of the order, not the last 2")
+    fails_with(capsys, check_, context_in_order, "n_predict is ignored")
+    fails_with(capsys, check_, context_sees_itself_only, "n_predict=2",
+               "the context is not tied", "sees all of the context")
+    fails_with(capsys, check_, floats, "dtype torch.float32, expected torch.bool")
+    fails_with(capsys, check_, one_dimensional, "the content mask is (2, 2), expected (2, 6, 6)",
+               "leading batch dimension")
+    fails_with(capsys, check_, lambda order, n_predict=None: student_permutation_masks(order)[0],
+               "expected a pair (content_mask, query_mask), got Tensor")
+    fails_with(capsys, check_, lambda order: student_permutation_masks(order),
+               "n_predict=2", "raised TypeError")
+
+
+def test_permutation_masks_checker_explains_a_stray_entry(capsys):
+    def one_wrong(order, n_predict=None):
+        content, query = student_permutation_masks(order, n_predict)
+        content = content.clone()
+        content[..., 0, -1] = ~content[..., 0, -1]
+        return content, query
+
+    fails_with(capsys, check.permutation_masks, one_wrong, "in the content mask: your mask says "
+               "position 0 may attend position 3, but their ranks are 2 and 4",
+               "it attends where rank_j <= rank_i")
+
+
+def test_query_stream_mask_checker_names_the_slip(capsys):
+    def content_instead(order):  # <=: the query sees its own byte
+        return student_permutation_masks(order)[0]
+
+    def transposed(order):
+        return student_permutation_masks(order)[1].transpose(-2, -1)
+
+    def positions_as_ranks(order):
+        return order[..., None, :] < order[..., :, None]
+
+    fails_with(capsys, check.query_stream_mask, content_instead,
+               "the query stream sees its own position", "strictly earlier")
+    fails_with(capsys, check.query_stream_mask, transposed, "transposed",
+               "rows are queries and columns keys")
+    fails_with(capsys, check.query_stream_mask, positions_as_ranks,
+               "ranks and positions are confused")
+    fails_with(capsys, check.query_stream_mask,
+               lambda order: ~student_permutation_masks(order)[1], "inverted")
+    fails_with(capsys, check.query_stream_mask,
+               lambda order: student_permutation_masks(order)[1][..., :-1],
+               "the query mask is (4, 3), expected (4, 4)")
+
+
+def test_rel_shift_bi_checker_names_the_slip(capsys):
+    def shift(x, klen, pad=(1, 0), rows=slice(1, None), cut=True):
+        *lead, q, w = x.shape
+        out = F.pad(x, pad).reshape(*lead, klen + q, q)[..., rows, :].reshape(*lead, q, w)
+        return out[..., :klen] if cut else out
+
+    def one_off(x, klen):  # reads column Tq - i + j: every score one key to the left
+        qlen = x.size(-2)
+        col = (qlen - torch.arange(qlen)[:, None] + torch.arange(klen)).clamp(max=x.size(-1) - 1)
+        return x.gather(-1, col.expand(*x.shape[:-1], klen))
+
+    def chapter_four(x, klen):  # Transformer-XL's shift on the non-negative distances only
+        return minixl.rel_shift(x[..., :klen])
+
+    def ascending(x, klen):
+        qlen = x.size(-2)
+        col = klen - 1 + torch.arange(qlen)[:, None] - torch.arange(klen)
+        return x.gather(-1, col.expand(*x.shape[:-1], klen))
+
+    fails_with(capsys, check.rel_shift_bi, lambda x, k: shift(x, k, pad=(0, 1)),
+               "padded on the right")
+    fails_with(capsys, check.rel_shift_bi, lambda x, k: shift(x, k, rows=slice(None, -1)),
+               "drop the first row")
+    fails_with(capsys, check.rel_shift_bi, one_off, "off by one", "column Tq - 1 - i + j")
+    fails_with(capsys, check.rel_shift_bi, chapter_four, "Chapter 4's one-directional shift",
+               "junk above the diagonal")
+    fails_with(capsys, check.rel_shift_bi, ascending, "ascending distances")
+    fails_with(capsys, check.rel_shift_bi, lambda x, k: shift(x, k, cut=False),
+               "the output is (3, 5), expected (3, 3)", "cut the result to its first klen")
+    fails_with(capsys, check.rel_shift_bi, lambda x, k: x[..., :k], "differ from the reference")

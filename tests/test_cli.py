@@ -2,7 +2,9 @@
 one clear line (exit code 2, no traceback) for every bad input."""
 
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -11,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_args
+from conftest import TRAIN, train_args
 from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
-from minixl.data import decode, encode
-from minixl.models import model_from_checkpoint
+from minixl.data import RandomWindows, decode, encode, load_corpus
+from minixl.evaluation import evaluate
+from minixl.models import KINDS, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,8 +96,131 @@ def test_help_lists_the_commands_and_the_exit_codes(capsys):
     with pytest.raises(SystemExit) as done:
         main(["train", "--help"])
     assert done.value.code == 0
-    assert "total optimiser steps of the run (not steps to add)" in " ".join(
-        capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "total optimiser steps of the run (not steps to add)" in text
+    assert "xlnet: Chapter 5's XLNet" in text
+    assert ("--n-predict N_PREDICT bytes predicted per window, the last of a random "
+            "factorisation order (partial prediction, K = seq-len / n-predict) (xlnet)") in text
+    assert "--seq-len SEQ_LEN the window length (xlnet)" in text
+    assert "--mem-len MEM_LEN memory length per layer (0 = none; xlnet carries it only when " \
+           "sampling) (xl, xlnet)" in text
+    assert "--block-size BLOCK_SIZE the window length (char, shaw)" in text
+
+
+# ---------------------------------------------------------------- XLNet (Chapter 5)
+
+XLNET = ["--model", "xlnet", "--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner",
+         "64", "--seq-len", "32", "--n-predict", "6", "--mem-len", "32"]
+
+
+def xlnet_args(out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
+    """`minixl train` arguments for a tiny XLNet run in `out` (conftest's TRAIN settings)."""
+    return ["train", *XLNET, *TRAIN, "--steps", str(steps), "--out", str(out), "--corpus",
+            str(corpus), *extra]
+
+
+@pytest.fixture(scope="module")
+def xlnet_run(tmp_path_factory, small_corpus, one_thread) -> Path:
+    """The folder of an 8-step tiny XLNet run on small_corpus (held-out infill at 4 and 8)."""
+    out = tmp_path_factory.mktemp("xlnet-run") / "run"
+    assert main(xlnet_args(out, small_corpus)) == 0
+    return out
+
+
+def test_xlnet_trains_and_is_scored_by_infilling_as_training_did(xlnet_run, capsys):
+    """The run scored its held-out bytes by infilling (its first protocol); eval of the saved
+    checkpoint with the same bytes and batch size prints the same number."""
+    ckpt = load_checkpoint(xlnet_run / "checkpoint.pt", for_resume=True)
+    assert ckpt["meta"]["kind"] == "xlnet" and ckpt["step"] == 8
+    assert (ckpt["model_config"]["seq_len"], ckpt["model_config"]["n_predict"]) == (32, 6)
+    lines = (xlnet_run / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in lines[1:]] == ["2", "4", "6", "8"]
+    argv = ["eval", "--checkpoint", str(xlnet_run / "checkpoint.pt"), "--device", "cpu"]
+    assert main([*argv, "--max-bytes", "2048", "--batch-size", "4"]) == 0
+    line = capsys.readouterr().out.strip()
+    got, logged = float(line.split(": ")[1].split()[0]), float(_valid_bpc_at_the_end(xlnet_run))
+    assert abs(got - logged) < 2e-4, line
+    assert ("2,048 bytes, 64 spans of 8 bytes in the middle of windows of 32, read left to "
+            "right within the span, both sides seen") in line
+
+    assert main([*argv, "--protocol", "infill", "--seq-len", "64", "--model", "xlnet"]) == 0
+    line = capsys.readouterr().out
+    assert "spans of 8 bytes in the middle of windows of 64" in line
+    assert 0 < float(line.split(": ")[1].split()[0]) < 9, line
+    assert main([*argv, "--protocol", "all-positions", "--split", "test"]) == 0
+    line = capsys.readouterr().out
+    assert "windows of 32, every position scored" in line
+    assert 0 < float(line.split(": ")[1].split()[0]) < 9, line
+
+
+def test_infill_needs_a_model_that_sees_both_sides(char_run, small_corpus):
+    model = model_from_checkpoint(char_run / "checkpoint.pt")
+    data = load_corpus(str(small_corpus)).valid
+    with pytest.raises(ValueError, match="needs a model that sees both sides of a span "
+                       r"\(an XLNet\); a CharTransformer reads left to right only"):
+        evaluate(model, data, "infill", seq_len=32)
+
+
+def test_xlnet_samples_through_its_step_and_follows_the_seed(xlnet_run, capsys):
+    ckpt = str(xlnet_run / "checkpoint.pt")
+    texts = []
+    for seed in ("0", "0", "1"):
+        assert main(["sample", "--checkpoint", ckpt, "--prompt", "ab", "--n", "40",
+                     "--seed", seed, "--device", "cpu"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert all(t.startswith("ab") for t in texts)
+    assert texts[0] == texts[1] != texts[2]
+
+
+def test_xlnet_resumes_bit_exactly(xlnet_run, small_corpus, tmp_path, monkeypatch):
+    """A Ctrl-C during step 4 of 8 saves step 4; --resume then ends exactly as the unbroken
+    run: the factorisation orders come from the global RNG, which the trainer seeds per step."""
+    real, part = RandomWindows.__call__, tmp_path / "part"
+
+    def ctrl_c_at_step_4(self, step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # held by the trainer until the step is done
+        return real(self, step)
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(RandomWindows, "__call__", ctrl_c_at_step_4)
+    try:
+        assert main(xlnet_args(part, small_corpus)) == 130
+    finally:  # minixl train ignores further signals once it has stopped: put them back
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    monkeypatch.setattr(RandomWindows, "__call__", real)
+    assert load_checkpoint(part / "checkpoint.pt", for_resume=True)["step"] == 4
+    assert main(xlnet_args(part, small_corpus, 8, "--resume")) == 0
+
+    a = load_checkpoint(part / "checkpoint.pt", for_resume=True)
+    b = load_checkpoint(xlnet_run / "checkpoint.pt", for_resume=True)
+    assert a["step"] == b["step"] == 8 and a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(t, b["model"][k]) for k, t in a["model"].items())
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys() and sa
+    assert all(torch.equal(sa[k][f], sb[k][f]) for k in sa for f in ("exp_avg", "exp_avg_sq"))
+    assert (part / "metrics.csv").read_text().splitlines()[0] == (
+        xlnet_run / "metrics.csv").read_text().splitlines()[0]
+    assert _valid_bpc_at_the_end(part) == _valid_bpc_at_the_end(xlnet_run)
+
+
+def test_xlnet_bench_counts_the_flops_torch_counts(capsys):
+    """`minixl bench --model xlnet` runs, and its FLOP count (which MFU divides by the peak)
+    is within a few percent of torch's own count of a training step's matrix products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    assert main(["bench", *XLNET, "--batch-size", "2", "--steps", "1", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "model: xlnet" in out and "batch 2 x 32" in out and "train tokens/s: " in out
+    kind = KINDS["xlnet"]
+    cfg, _ = kind.preset("tiny")
+    model, objective = kind.build(cfg), kind.objective(cfg, "positions", 1)
+    x = torch.randint(0, 256, (16, cfg.seq_len))
+    with FlopCounterMode(display=False) as counter:
+        objective(model, x, x)[0]["loss"].backward()
+    counted = counter.get_total_flops() / x.numel()
+    assert abs(kind.flops(model) / counted - 1) < 0.03, (kind.flops(model), counted)
 
 
 # ---------------------------------------------------------------- bad input, one line each
@@ -185,6 +311,17 @@ BAD = [
      "--protocol memory does not apply to a --model char checkpoint"),
     (["eval", "--checkpoint", "{ckpt}", "--mem-len", "8"], _copy,
      "--mem-len applies to --model xl checkpoints"),
+    (["eval", "--checkpoint", "{ckpt}", "--protocol", "infill"], _copy,
+     "--protocol infill does not apply to a --model char checkpoint"),
+    (["train", "--model", "xlnet", "--seq-len", "16", "--n-predict", "20"], None,
+     "n_predict=20 cannot exceed seq_len=16"),
+    (["train", "--model", "xlnet", "--seq-len", "8", "--n-predict", "2"], None,
+     "--seq-len 8 is too short for the held-out infill evaluation"),
+    (["train", "--model", "xlnet", "--aux-losses", "layers"], None,
+     "this model trains on the bytes of a random factorisation order"),
+    (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),
+    (["train", "--model", "xlnet", "--block-size", "32"], None,
+     "--block-size applies to --model char or shaw, not --model xlnet"),
 ]
 
 
