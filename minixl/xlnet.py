@@ -337,7 +337,8 @@ class XLNet(nn.Module):
         return XLNetOutput(logits, new_mems, h)
 
     def _cache(self, h, mem, reuse_len):
-        """The content stream to keep: the last mem_len of [memory; h[:, :reuse_len]]."""
+        """The content stream to keep: the last mem_len of [memory; h[:, :reuse_len]]. Unlike
+        the reference, mem_len=0 keeps nothing and reuse_len=0 caches no position."""
         h = h if reuse_len is None else h[:, :reuse_len]
         cat = h if mem is None else torch.cat([mem, h], dim=1)
         return cat[:, max(0, cat.size(1) - self.config.mem_len):].detach()
@@ -477,29 +478,32 @@ def _from_hf(cls, source, **overrides) -> "XLNet":
 XLNet.from_hf = classmethod(_from_hf)
 
 
-INFILL_READINGS = ("sequential", "independent", "left")
+INFILL_READINGS = ("sequential", "independent", "left", "causal")
 
 
 def span_bits(model: XLNet, x: torch.Tensor, start: int, length: int, *,
               reading: str = "sequential") -> torch.Tensor:
-    """Bits [B, length] of the span x[:, start:start+length] of windows x [B, T]: 'sequential'
-    (left to right within the span, both sides seen: XLNet's joint), 'independent' (each span
-    byte from the rest of the window only: BERT's), 'left' (left side only: a causal LM's)."""
+    """Bits [B, length] of the span x[:, start:start+length] of windows x [B, T], read as:
+    'sequential', both sides as context, the span left to right (XLNet's joint);
+    'independent', both sides as context, each span byte from the context alone (BERT's);
+    'left', the left side alone as context, the span left to right;
+    'causal', everything up to the span's end left to right (how a causal LM reads)."""
     if reading not in INFILL_READINGS:
         raise ValueError(f"unknown reading {reading!r}: expected one of "
                          f"{', '.join(INFILL_READINGS)}")
     B, T = x.shape
     if not (0 <= start and length >= 1 and start + length <= T):
         raise ValueError(f"the span [{start}, {start + length}) must lie inside windows of {T}")
-    if reading == "left":
+    if reading in ("left", "causal"):  # the right side is not even in the input
         x, T = x[:, :start + length], start + length
+    if reading == "causal":
         rank = torch.arange(1, T + 1, device=x.device)
-    else:
+    else:  # the context shares rank 0: it reads itself in both directions
         rank = torch.zeros(T, dtype=torch.long, device=x.device)
-        rank[start:start + length] = (torch.arange(1, length + 1, device=x.device)
-                                      if reading == "sequential" else 1)
+        rank[start:start + length] = (1 if reading == "independent" else
+                                      torch.arange(1, length + 1, device=x.device))
     span = torch.arange(start, start + length, device=x.device).expand(B, length)
-    logits = model(x, masks=masks_from_ranks(rank), target_mapping=span).logits
+    logits = model(x, masks=masks_from_ranks(rank), target_mapping=span).logits[..., :256]  # bytes, as step
     nll = F.cross_entropy(logits.float().transpose(1, 2), x[:, start:start + length],
                           reduction="none")
     return nll / math.log(2)

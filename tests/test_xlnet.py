@@ -2,6 +2,8 @@
 query stream's blindness to its own token, memory under permutation, equivalence with the
 Hugging Face reference, training masks and the infilling readings."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -711,20 +713,37 @@ def changed(x: torch.Tensor, positions) -> torch.Tensor:
     return y
 
 
-def test_left_reading_ignores_the_right_side():
-    """'left' is a causal LM's reading: no byte after the span's end may change its bits, but
-    bytes before the span and earlier span bytes do (a changed span byte changes its own bits
-    only as a target, so those are not compared)."""
+@pytest.mark.parametrize("reading", ["left", "causal"])
+def test_left_readings_ignore_the_right_side(reading):
+    """'left' and 'causal' see the left side only: no byte after the span's end may change
+    their bits, but bytes before the span and earlier span bytes do (a changed span byte
+    changes its own bits only as a target, so those are not compared)."""
     model, x, start, L = infill_setup()
     with torch.no_grad():
-        bits = span_bits(model, x, start, L, reading="left")
+        bits = span_bits(model, x, start, L, reading=reading)
         assert bits.shape == (2, L) and torch.all(bits > 0)
         assert torch.equal(span_bits(model, changed(x, range(start + L, 16)), start, L,
-                                     reading="left"), bits)
-        assert (span_bits(model, changed(x, [start - 1]), start, L, reading="left")
+                                     reading=reading), bits)
+        assert (span_bits(model, changed(x, [start - 1]), start, L, reading=reading)
                 - bits).abs().min() > 0
-        later = span_bits(model, changed(x, [start + 1]), start, L, reading="left")
+        later = span_bits(model, changed(x, [start + 1]), start, L, reading=reading)
         assert torch.equal(later[:, 0], bits[:, 0]) and (later[:, 2:] - bits[:, 2:]).abs().min() > 0
+
+
+def test_left_reading_reads_its_context_both_ways_and_causal_does_not():
+    """The two left-side readings differ in the context's content stream: 'left' ties the
+    context at rank 0 (as XLNet's training does), 'causal' reads it left to right. So with
+    the same span and bytes, the first span byte's bits differ between them, and under
+    'causal' they equal Chapter 1's protocol: the model's step at the byte before the span."""
+    model, x, start, L = infill_setup()
+    with torch.no_grad():
+        left = span_bits(model, x, start, L, reading="left")
+        causal = span_bits(model, x, start, L, reading="causal")
+        assert (left[:, 0] - causal[:, 0]).abs().min() > 1e-6
+        logits, _ = model.step(x[:, :start + L - 1])
+        want = F.cross_entropy(logits[:, start - 1:].transpose(1, 2), x[:, start:start + L],
+                               reduction="none") / math.log(2)
+    torch.testing.assert_close(causal, want, atol=1e-5, rtol=0)
 
 
 def test_independent_reading_ignores_the_other_span_bytes():
@@ -768,7 +787,7 @@ def test_span_bits_bad_inputs():
     for start, length in ((14, 3), (-1, 2), (3, 0), (0, 17)):
         with pytest.raises(ValueError, match="inside windows of 16"):
             span_bits(model, x, start, length)
-    assert set(INFILL_READINGS) == {"sequential", "independent", "left"}
+    assert set(INFILL_READINGS) == {"sequential", "independent", "left", "causal"}
 
 
 @pytest.mark.parametrize("reading", INFILL_READINGS)
