@@ -1,21 +1,32 @@
-"""The benchmark behind `minixl bench`: training tokens/s, and model FLOPs utilisation.
+"""The benchmarks behind `minixl bench`: training tokens/s and model FLOPs utilisation, and
+the cost of one attention layer against its length (`--suite segtree`, Chapter 6).
 
-Hand-written shared machinery (not generated). It times the trainer's own `train_step` on
-random bytes, with the state carried from step to step as in training, for any model kind.
+Hand-written shared machinery (not generated). `bench` times the trainer's own `train_step`
+on random bytes, with the state carried from step to step as in training, for any model
+kind. runs Chapter 6's `attention_layer_cost` for every method and length, in a
+fresh process each, so that the peak memory it reports is the layer's own.
 """
 
 from __future__ import annotations
 
+import csv
+import json
+import math
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from .device import resolve_device
 from .models import ModelKind
+from .segtree import LAYER_METHODS
 from .trainer import next_byte_objective, train_step
 
-__all__ = ["PEAKS", "peak_tflops", "bench"]
+__all__ = ["PEAKS", "peak_tflops", "bench", "segtree_suite"]
 
 # bf16 dense tensor-core peaks (TFLOP/s) from the vendors' data sheets.
 PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
@@ -72,3 +83,33 @@ def bench(kind: ModelKind, model_cfg, *, batch_size: int = 32, steps: int = 20, 
             "tokens_per_s": tokens_per_s, "tflops": achieved, "peak_tflops": peak,
             "mfu": achieved / peak if peak else None, "batch_size": batch_size, "seq_len": T,
             "steps": steps, "compile": compile}
+
+
+def segtree_suite(*, max_n: int = 4096, min_n: int = 256, csv_path: str | Path,
+                  repeats: int = 3, device: str = "auto", methods=LAYER_METHODS) -> list[dict]:
+    """Chapter 6's cost sweep: every method at n = min_n, 2 min_n, ..., max_n, each in a fresh
+    process running `minixl.segtree.attention_layer_cost`; the rows are written to csv_path
+    (atomically) and returned."""
+    if min_n < 2 or max_n < min_n:
+        raise ValueError(f"need 2 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+    sizes = [min_n << i for i in range(int(math.log2(max_n // min_n)) + 1)]
+    device = str(resolve_device(device))
+    rows = []
+    for n in sizes:
+        for method in methods:
+            code = ("import json; from minixl.segtree import attention_layer_cost; print(json.dumps("
+                    f"attention_layer_cost({method!r}, {n}, repeats={repeats}, "
+                    f"device={device!r})))")
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"{method} at n={n} failed: {last}")
+            rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    path = Path(csv_path)
+    part = path.with_name(path.name + ".part")
+    with open(part, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(part, path)
+    return rows

@@ -36,6 +36,9 @@ FIELD_HELP = {
     "clamp_len": "cap on relative distances (0 = none)", "d_head": "width of one head",
     "pre_lnorm": "layer norm before each sublayer (tiny, small) or after it (base, as the paper)",
     "dropatt": "dropout on attention weights", "layer_norm_eps": "the layer norms' epsilon",
+    "k": "tree neighbours per side and level", "causal": "no right context (a language "
+    "model must be causal)", "n_classes": "classes read from the root (0 = none; a language "
+    "model has none)",
 }
 TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "grad_clip", "seed", "eval_every",
                "eval_bytes", "ckpt_every", "log_every")
@@ -213,6 +216,8 @@ def cmd_eval(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench
 
+    if args.suite == "segtree":
+        return _segtree_suite(args)
     kind = kind_of(args.model)
     model_cfg, _ = _model_config(kind, args)
     r = bench(kind, model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
@@ -226,6 +231,26 @@ def cmd_bench(args) -> int:
         print("MFU: not reported on the CPU")
     else:
         print(f"MFU: unknown peak for {r['device']}; pass --peak-tflops")
+    return 0
+
+
+def _segtree_suite(args) -> int:
+    """`minixl bench --suite segtree`: Chapter 6's cost sweep, written to a CSV."""
+    from .bench import segtree_suite
+    from .segtree import LAYER_METHODS, loglog_slope
+
+    rows = segtree_suite(max_n=args.max_n, csv_path=args.csv, repeats=args.repeats,
+                         device=args.device)
+    print(f"one causal attention layer (width 64, 4 heads; segtree k = 1), forward + backward "
+          f"on {rows[0]['device']}:")
+    for method in LAYER_METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        cells = "  ".join(f"n={r['n']}: {1e3 * r['seconds']:.1f} ms, {r['peak_mb']:.0f} MB"
+                          for r in mine)
+        slope = (f"  (slope {loglog_slope([r['n'] for r in mine], [r['seconds'] for r in mine]):.2f})"
+                 if len(mine) > 1 else "")
+        print(f"  {method}: {cells}{slope}")
+    print(f"written to {args.csv}")
     return 0
 
 
@@ -307,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch-size", type=int, default=32)
     b.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
     b.add_argument("--peak-tflops", type=float, help="the device's peak, if minixl does not know it")
+    b.add_argument("--suite", choices=["segtree"], help="segtree: Chapter 6's cost sweep of one "
+                   "attention layer against its length (SegTree, dense, fused dense), each in a "
+                   "fresh process, written to --csv")
+    b.add_argument("--max-n", type=int, default=4096, help="with --suite: the longest input, "
+                   "from 256 doubling (default 4096)")
+    b.add_argument("--csv", default="book/segtree_cost.csv", help="with --suite: where to write")
+    b.add_argument("--repeats", type=int, default=3, help="with --suite: timed runs per point")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -22,6 +22,7 @@ from .char_transformer import CharTransformer, CharTransformerConfig
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import OrderedStreams, RandomWindows
 from .relative_attention import shaw_factory
+from .segtree import SegTreeConfig, SegTreeTransformer, segtree_graph
 from .transformer_xl import TransformerXL, TransformerXLConfig
 from .xlnet import XLNet, XLNetConfig
 
@@ -140,6 +141,28 @@ def _xlnet_flops(model: nn.Module) -> float:
     return 6 * weights + 6 * L * attention * (T + P) / T - 4 * (row + attention)
 
 
+def _segtree_flops(model: nn.Module) -> float:
+    """Training FLOPs per token: 6N for the weights (applied to every node, leaves and internal,
+    about 2 per byte) plus, per layer, the scores and weighted sums over the graph's edges,
+    12 C x edges per byte, counted in full."""
+    c = model.config
+    graph = segtree_graph(c.block_size, c.k, c.causal)
+    edges = sum(int(g.valid.sum()) for g in graph.groups)
+    n_params = sum(p.numel() for p in model.parameters())
+    node_params = n_params - model.tok.weight.numel() - model.head.weight.numel()
+    per_byte = graph.n_nodes / c.block_size
+    return 6 * (node_params * per_byte + model.head.weight.numel()) + (
+        12 * c.n_layer * c.d_model * edges / c.block_size)
+
+
+def _segtree_lm(config: SegTreeConfig) -> nn.Module:
+    """Chapter 6's SegTree as a language model: causal, read from the leaves."""
+    if not config.causal or config.n_classes:
+        raise ValueError("--model segtree trains a language model: it must be causal (no "
+                         "right neighbours) and have no classifier (n_classes 0)")
+    return SegTreeTransformer(config)
+
+
 @dataclass(frozen=True)
 class ModelKind:
     """One model the command line can train: see the module docstring."""
@@ -216,6 +239,19 @@ _XLNET_PRESETS = {
                   ckpt_every=1000, eval_bytes=1 << 20)),
 }
 
+# k neighbours per side and level. base: BP-Transformer's enwik8 shape (Ye et al. 2019:
+# 12 layers, context 8,192, k = 64); the optimiser settings are ours.
+_SEGTREE_PRESETS = {
+    "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128, k=2),
+             dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)),
+    "small": (dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=512, k=4),
+              dict(steps=3000, batch_size=16, lr=1e-3, eval_every=250, ckpt_every=500)),
+    "base": (dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192, k=64,
+                  dropout=0.1),
+             dict(steps=20000, batch_size=4, lr=4e-4, warmup=1000, eval_every=1000,
+                  ckpt_every=1000, eval_bytes=1 << 20)),
+}
+
 KINDS: dict[str, ModelKind] = {
     "char": ModelKind(
         "char", "Chapter 1's CharTransformer, trained on random windows",
@@ -234,6 +270,10 @@ KINDS: dict[str, ModelKind] = {
         "xlnet", "Chapter 5's XLNet, trained on random windows with the permutation objective",
         XLNetConfig, XLNet, "seq_len", False, ("infill", "all-positions"), _XLNET_PRESETS,
         _xlnet_flops, objective=_permutation_objective),
+    "segtree": ModelKind(
+        "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --k)",
+        SegTreeConfig, _segtree_lm, "block_size", False, ("all-positions", "sliding"),
+        _SEGTREE_PRESETS, _segtree_flops, objective=_plain_objective),
 }
 
 

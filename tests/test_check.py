@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import minixl
 from minixl import check
-from minixl import xlnet  # not through minixl's names: the package's __init__ is generated
+from minixl import segtree, xlnet  # not through minixl's names: the package's __init__ is generated
 
 
 def fails_with(capsys, checker, fn, *hints):
@@ -36,7 +36,8 @@ def test_every_checker_is_tested():
     assert set(check.__all__) == {"causal_mask", "attention", "sinusoid_positions",
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
                                   "rel_shift", "permutation_masks", "query_stream_mask",
-                                  "rel_shift_bi"}
+                                  "rel_shift_bi", "leaf_context", "causal_tree_graph",
+                                  "gathered_attention"}
 
 
 def test_causal_mask_checker_explains_memory_and_inversion(capsys):
@@ -360,3 +361,88 @@ def test_rel_shift_bi_checker_names_the_slip(capsys):
     fails_with(capsys, check.rel_shift_bi, lambda x, k: shift(x, k, cut=False),
                "the output is (3, 5), expected (3, 3)", "cut the result to its first klen")
     fails_with(capsys, check.rel_shift_bi, lambda x, k: x[..., :k], "differ from the reference")
+
+
+# ---------------------------------------------------------------- Chapter 6
+
+def leaf_spans(n, i, k=1, causal=False):
+    return [segtree.node_span(n, level, p)
+            for level, p, _ in segtree.leaf_context_loop(n, i, k=k, causal=causal)]
+
+
+def causal_graph(n, k):
+    return segtree.graph_mask(segtree.segtree_graph(n, k, causal=True))[0]
+
+
+def gathered(q, k, v, index, valid, *, scale=True, mask=True):
+    scores = torch.einsum("bghd,bgnhd->bghn", q, k[:, index])
+    scores = scores / math.sqrt(q.size(-1)) if scale else scores
+    if mask:
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    return torch.einsum("bghn,bgnhd->bghd", torch.softmax(scores, -1), v[:, index])
+
+
+@pytest.mark.parametrize("name,reference", [("leaf_context", leaf_spans),
+                                            ("causal_tree_graph", causal_graph),
+                                            ("gathered_attention", gathered)])
+def test_chapter_six_checkers_pass_a_correct_implementation(name, reference, capsys):
+    assert getattr(check, name)(reference) is True
+    assert capsys.readouterr().out.startswith(f"PASS {name}: all ")
+
+
+def test_leaf_context_checker_names_the_slip(capsys):
+    def no_alignment(n, i, k=1, causal=False):  # takes k blocks per level, never aligns
+        spans, lo, hi, level = [(i, i)], i, i + 1, 0
+        while lo > 0 or (not causal and hi < n):
+            for _ in range(k):
+                if lo > 0:
+                    spans.append((max(0, lo - (1 << level)), lo - 1))
+                    lo = max(0, lo - (1 << level))
+                if not causal and hi < n:
+                    spans.append((hi, min(hi + (1 << level), n) - 1))
+                    hi = min(hi + (1 << level), n)
+            level += 1
+        return spans
+
+    fails_with(capsys, check.leaf_context, no_alignment, "not the tree's nodes")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, k=1, causal=False: leaf_spans(n, i, k), "reaches past the leaf")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, k=1, causal=False: leaf_spans(n, i, k, causal) + [(i, i)], "overlap")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, k=1, causal=False: [s for s in leaf_spans(n, i, k, causal)
+                                                if s[1] - s[0] != 1], "not covered")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, k=1, causal=False: [(a, b if b < n - 1 else b + 1) for a, b in
+                                                leaf_spans(n, i, k, causal)], "past the last byte")
+
+
+def test_causal_tree_graph_checker_names_the_slip(capsys):
+    def leaky(n, k):
+        m = causal_graph(n, k).clone()
+        m[n - 2, n - 1] = True  # the second-last leaf reads the last one
+        return m
+
+    def no_self(n, k):
+        return causal_graph(n, k) & ~torch.eye(len(causal_graph(n, k)), dtype=torch.bool)
+
+    def wide(n, k):
+        m = causal_graph(n, k).clone()
+        m[n, :] = m[n, :] | (torch.arange(len(m)) < n)  # the first pair node reads every leaf
+        return m
+
+    fails_with(capsys, check.causal_tree_graph, leaky, "covers a later byte")
+    fails_with(capsys, check.causal_tree_graph, no_self, "does not read itself")
+    fails_with(capsys, check.causal_tree_graph, wide, "internal node", "only itself and the leaves")
+    fails_with(capsys, check.causal_tree_graph, lambda n, k: causal_graph(n, k).float(),
+               "expected a bool tensor")
+
+
+def test_gathered_attention_checker_names_the_slip(capsys):
+    fails_with(capsys, check.gathered_attention,
+               lambda *a: gathered(*a, mask=False), "padding is attended to")
+    fails_with(capsys, check.gathered_attention,
+               lambda *a: gathered(*a, scale=False), "not scaled")
+    fails_with(capsys, check.gathered_attention,
+               lambda q, k, v, index, valid: gathered(q, k, v, index, valid).transpose(1, 2),
+               "expected shape")

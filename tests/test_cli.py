@@ -1,6 +1,7 @@
 """The command line as a user meets it: a train -> sample -> eval round trip, the help, and
 one clear line (exit code 2, no traceback) for every bad input."""
 
+import csv
 import math
 import os
 import shutil
@@ -34,12 +35,13 @@ def _valid_bpc_at_the_end(run: Path) -> str:
     return last[header.index("valid_bpc")]
 
 
-@pytest.mark.parametrize("which", ["char", "xl"])
-def test_eval_scores_the_checkpoint_as_training_did(which, char_run, xl_run, capsys):
+@pytest.mark.parametrize("which", ["char", "xl", "segtree"])
+def test_eval_scores_the_checkpoint_as_training_did(which, request, capsys):
     """The runs scored their first 2048 valid bytes at step 8 with batch size 4 (the
     fixtures' --eval-bytes and --batch-size); eval of the saved step-8 checkpoint with the
     same settings must print the same number (more bytes, or another protocol, would not)."""
-    run = {"char": char_run, "xl": xl_run}[which]
+    run = request.getfixturevalue(f"{which}_run")
+    capsys.readouterr()  # a fixture first used here printed its training run
     ckpt = str(run / "checkpoint.pt")
     assert main(["eval", "--checkpoint", ckpt, "--split", "valid", "--max-bytes", "2048",
                  "--batch-size", "4", "--device", "cpu"]) == 0
@@ -57,7 +59,7 @@ def test_eval_scores_the_checkpoint_as_training_did(which, char_run, xl_run, cap
     assert 0 < float(line.split(": ")[1].split()[0]) < 9, line
 
 
-@pytest.mark.parametrize("which", ["char", "xl", "xlnet"])
+@pytest.mark.parametrize("which", ["char", "xl", "xlnet", "segtree"])
 def test_sample_continues_the_prompt_and_follows_the_seed(which, request, capsys):
     """Every kind samples through its step (XLNet re-reads its last seq_len - 1 bytes)."""
     ckpt = str(request.getfixturevalue(f"{which}_run") / "checkpoint.pt")
@@ -106,13 +108,32 @@ def test_help_lists_the_commands_and_the_exit_codes(capsys):
     assert "--seq-len SEQ_LEN the window length (xlnet)" in text
     assert "--mem-len MEM_LEN memory length per layer (0 = none; xlnet carries it only when " \
            "sampling) (xl, xlnet)" in text
-    assert "--block-size BLOCK_SIZE the window length (char, shaw)" in text
+    assert "--block-size BLOCK_SIZE the window length (char, shaw, segtree)" in text
+    assert "--k K tree neighbours per side and level (segtree)" in text
 
 
 # ---------------------------------------------------------------- XLNet (Chapter 5)
 
 XLNET = ["--model", "xlnet", "--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner",
          "64", "--seq-len", "32", "--n-predict", "6", "--mem-len", "32"]
+
+
+SEGTREE = ["--model", "segtree", "--n-layer", "1", "--d-model", "32", "--n-head", "2",
+           "--d-inner", "64", "--block-size", "32", "--k", "2"]
+
+
+def segtree_args(out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
+    """`minixl train` arguments for a tiny SegTree run in `out`."""
+    return ["train", *SEGTREE, *TRAIN, "--steps", str(steps), "--out", str(out), "--corpus",
+            str(corpus), *extra]
+
+
+@pytest.fixture(scope="module")
+def segtree_run(tmp_path_factory, small_corpus, one_thread) -> Path:
+    """The folder of an 8-step tiny SegTree run on small_corpus."""
+    out = tmp_path_factory.mktemp("segtree-run") / "run"
+    assert main(segtree_args(out, small_corpus)) == 0
+    return out
 
 
 def xlnet_args(out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
@@ -163,9 +184,13 @@ def test_infill_needs_a_model_that_sees_both_sides(char_run, small_corpus):
         evaluate(model, data, "infill", seq_len=32)
 
 
-def test_xlnet_resumes_bit_exactly(xlnet_run, small_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["xlnet", "segtree"])
+def test_a_windowed_kind_resumes_bit_exactly(kind, request, small_corpus, tmp_path, monkeypatch):
     """A Ctrl-C during step 4 of 8 saves step 4; --resume then ends exactly as the unbroken
-    run: the factorisation orders come from the global RNG, which the trainer seeds per step."""
+    run (for XLNet the factorisation orders come from the global RNG, which the trainer seeds
+    per step)."""
+    whole = request.getfixturevalue(f"{kind}_run")
+    args = {"xlnet": xlnet_args, "segtree": segtree_args}[kind]
     real, part = RandomWindows.__call__, tmp_path / "part"
 
     def ctrl_c_at_step_4(self, step):
@@ -176,24 +201,24 @@ def test_xlnet_resumes_bit_exactly(xlnet_run, small_corpus, tmp_path, monkeypatc
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     monkeypatch.setattr(RandomWindows, "__call__", ctrl_c_at_step_4)
     try:
-        assert main(xlnet_args(part, small_corpus)) == 130
+        assert main(args(part, small_corpus)) == 130
     finally:  # minixl train ignores further signals once it has stopped: put them back
         for s, handler in handlers.items():
             signal.signal(s, handler)
     monkeypatch.setattr(RandomWindows, "__call__", real)
     assert load_checkpoint(part / "checkpoint.pt", for_resume=True)["step"] == 4
-    assert main(xlnet_args(part, small_corpus, 8, "--resume")) == 0
+    assert main(args(part, small_corpus, 8, "--resume")) == 0
 
     a = load_checkpoint(part / "checkpoint.pt", for_resume=True)
-    b = load_checkpoint(xlnet_run / "checkpoint.pt", for_resume=True)
+    b = load_checkpoint(whole / "checkpoint.pt", for_resume=True)
     assert a["step"] == b["step"] == 8 and a["model"].keys() == b["model"].keys()
     assert all(torch.equal(t, b["model"][k]) for k, t in a["model"].items())
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     assert sa.keys() == sb.keys() and sa
     assert all(torch.equal(sa[k][f], sb[k][f]) for k in sa for f in ("exp_avg", "exp_avg_sq"))
     assert (part / "metrics.csv").read_text().splitlines()[0] == (
-        xlnet_run / "metrics.csv").read_text().splitlines()[0]
-    assert _valid_bpc_at_the_end(part) == _valid_bpc_at_the_end(xlnet_run)
+        whole / "metrics.csv").read_text().splitlines()[0]
+    assert _valid_bpc_at_the_end(part) == _valid_bpc_at_the_end(whole)
 
 
 def test_xlnet_bench_counts_the_flops_torch_counts(capsys):
@@ -304,6 +329,8 @@ BAD = [
      "--mem-len applies to --model xl checkpoints"),
     (["eval", "--checkpoint", "{ckpt}", "--protocol", "infill"], _copy,
      "--protocol infill does not apply to a --model char checkpoint"),
+    (["train", "--model", "segtree", "--k", "0"], None, "k must be a positive integer"),
+    (["train", "--model", "segtree", "--n-classes", "3"], None, "must be causal"),
     (["train", "--model", "xlnet", "--seq-len", "16", "--n-predict", "20"], None,
      "n_predict=20 cannot exceed seq_len=16"),
     (["train", "--model", "xlnet", "--seq-len", "8", "--n-predict", "2"], None,
@@ -312,7 +339,7 @@ BAD = [
      "this model trains on the bytes of a random factorisation order"),
     (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),
     (["train", "--model", "xlnet", "--block-size", "32"], None,
-     "--block-size applies to --model char or shaw, not --model xlnet"),
+     "--block-size applies to --model char or segtree or shaw, not --model xlnet"),
 ]
 
 
@@ -410,3 +437,30 @@ def test_a_read_only_cache_folder_is_named_in_the_error(tmp_path, monkeypatch, c
         assert not list(cache.iterdir())
     finally:
         cache.chmod(0o700)
+
+
+def test_segtree_trains_evaluates_and_refuses_a_model_that_is_not_causal(segtree_run, capsys,
+                                                                         small_corpus, tmp_path):
+    """(eval against training is checked with the other kinds above.)"""
+    ckpt = load_checkpoint(segtree_run / "checkpoint.pt", for_resume=True)
+    assert ckpt["meta"]["kind"] == "segtree" and ckpt["model_config"]["k"] == 2
+    argv = ["eval", "--checkpoint", str(segtree_run / "checkpoint.pt"), "--device", "cpu"]
+    assert main([*argv, "--protocol", "sliding", "--seq-len", "16", "--stride", "8"]) == 0
+    assert "sliding windows of 16" in capsys.readouterr().out
+    assert main(segtree_args(tmp_path / "bi", small_corpus, 2, "--no-causal")) == 2
+    assert "must be causal" in capsys.readouterr().err
+
+
+def test_the_segtree_cost_suite_writes_its_csv(tmp_path, capsys):
+    """`minixl bench --suite segtree` on a tiny setting: every method at every length, each
+    measured in its own process, with positive times and memory, and fitted slopes printed."""
+    out = tmp_path / "cost.csv"
+    assert main(["bench", "--suite", "segtree", "--max-n", "512", "--repeats", "1",
+                 "--csv", str(out), "--device", "cpu"]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["method"], int(r["n"])) for r in rows] == [
+        (m, n) for n in (256, 512) for m in ("segtree", "dense, written out", "dense, fused")]
+    assert all(float(r["seconds"]) > 0 and float(r["peak_mb"]) >= 0 for r in rows)
+    assert {r["device"] for r in rows} == {"cpu"}
+    text = capsys.readouterr().out
+    assert "segtree: n=256" in text and "(slope " in text and not list(tmp_path.glob("*.part"))
