@@ -22,6 +22,7 @@ _NAMES = {
     'EDGE_KINDS': 'segtree',
     'Evaluation': 'evaluation',
     'FeedForward': 'xlnet',
+    'GRAPH_CACHE': 'segtree',
     'INFILL_READINGS': 'xlnet',
     'KINDS': 'models',
     'LAYER_METHODS': 'segtree',

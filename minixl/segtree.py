@@ -12,8 +12,8 @@ __all__ = [
     'tree_sizes', 'node_id', 'node_span', 'EDGE_KINDS', 'edge_type',
     'leaf_context_loop', 'NodeGroup', 'SegTreeGraph', 'segtree_graph', 'graph_mask',
     'SegTreeAttention', 'segtree_attention_dense', 'SegTreeConfig', 'SegTreeBlock',
-    'max_levels', 'SegTreeTransformer', 'LAYER_METHODS', 'attention_layer_cost',
-    'loglog_slope',
+    'max_levels', 'GRAPH_CACHE', 'SegTreeTransformer', 'LAYER_METHODS',
+    'attention_layer_cost', 'loglog_slope',
 ]
 
 import math
@@ -281,6 +281,9 @@ def max_levels(block_size: int) -> int:
     return max(1, math.ceil(math.log2(block_size)) + 1) if block_size > 1 else 1
 
 
+GRAPH_CACHE = 4  # graphs a model keeps (one per length and device)
+
+
 class SegTreeTransformer(nn.Module):
     """Tokens [B, T] (T <= block_size) -> logits [B, T, V] read from the leaves; `classify`
     reads the root. Leaves start as byte embeddings, internal nodes at zero."""
@@ -297,9 +300,12 @@ class SegTreeTransformer(nn.Module):
         self._graphs: dict = {}
 
     def graph(self, n: int, device) -> SegTreeGraph:
-        """The tree graph for n leaves, built once per length and device."""
+        """The tree graph for n leaves, kept for the last few lengths used (sampling grows the
+        context one byte at a time, so caching every length would hold block_size graphs)."""
         key = (n, str(device))
         if key not in self._graphs:
+            if len(self._graphs) >= GRAPH_CACHE:
+                self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[key] = segtree_graph(n, self.config.k, self.config.causal, device=device)
         return self._graphs[key]
 

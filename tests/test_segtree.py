@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minixl.char_transformer import causal_mask, leakage_matrix
-from minixl.segtree import (SegTreeAttention, SegTreeConfig, SegTreeTransformer, edge_type,
+from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTreeTransformer, edge_type,
                             graph_mask, leaf_context_loop, node_span, segtree_attention_dense,
                             segtree_graph, tree_sizes)
 
@@ -149,3 +149,17 @@ def test_context_size_follows_2k_log_n():
     for k in (4, 16):
         most = int(segtree_graph(4096, k).groups[0].valid.sum(1).max())
         assert 0.8 < most / (2 * k * math.log2(4096 / k)) < 1.2
+
+
+def test_sampling_keeps_only_a_few_graphs():
+    """Stepping one byte at a time meets every length up to block_size; the model keeps only
+    the last GRAPH_CACHE graphs (at block_size 8,192 and k = 64 all of them would not fit in
+    memory), and a dropped length is rebuilt when it comes back."""
+    model = small()
+    x = torch.randint(0, 256, (1, 30))
+    with torch.no_grad():
+        _, state = model.step(x[:, :1])
+        for i in range(1, 30):
+            _, state = model.step(x[:, i:i + 1], state)
+        assert len(model._graphs) <= GRAPH_CACHE
+        torch.testing.assert_close(model(x[:, :3]), model(x[:, :3]))
