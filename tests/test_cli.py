@@ -122,32 +122,31 @@ SEGTREE = ["--model", "segtree", "--n-layer", "1", "--d-model", "32", "--n-head"
            "--d-inner", "64", "--block-size", "32", "--k", "2"]
 
 
-def segtree_args(out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
-    """`minixl train` arguments for a tiny SegTree run in `out`."""
-    return ["train", *SEGTREE, *TRAIN, "--steps", str(steps), "--out", str(out), "--corpus",
-            str(corpus), *extra]
+FLAGS = {"xlnet": XLNET, "segtree": SEGTREE}
+
+
+def kind_args(kind: str, out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
+    """`minixl train` arguments for a tiny run of `kind` in `out` (conftest's TRAIN settings)."""
+    return ["train", *FLAGS[kind], *TRAIN, "--steps", str(steps), "--out", str(out),
+            "--corpus", str(corpus), *extra]
+
+
+def _tiny_run(kind: str, tmp_path_factory, corpus: Path) -> Path:
+    out = tmp_path_factory.mktemp(f"{kind}-run") / "run"
+    assert main(kind_args(kind, out, corpus)) == 0
+    return out
 
 
 @pytest.fixture(scope="module")
 def segtree_run(tmp_path_factory, small_corpus, one_thread) -> Path:
     """The folder of an 8-step tiny SegTree run on small_corpus."""
-    out = tmp_path_factory.mktemp("segtree-run") / "run"
-    assert main(segtree_args(out, small_corpus)) == 0
-    return out
-
-
-def xlnet_args(out: Path, corpus: Path, steps: int = 8, *extra: str) -> list[str]:
-    """`minixl train` arguments for a tiny XLNet run in `out` (conftest's TRAIN settings)."""
-    return ["train", *XLNET, *TRAIN, "--steps", str(steps), "--out", str(out), "--corpus",
-            str(corpus), *extra]
+    return _tiny_run("segtree", tmp_path_factory, small_corpus)
 
 
 @pytest.fixture(scope="module")
 def xlnet_run(tmp_path_factory, small_corpus, one_thread) -> Path:
     """The folder of an 8-step tiny XLNet run on small_corpus (held-out infill at 4 and 8)."""
-    out = tmp_path_factory.mktemp("xlnet-run") / "run"
-    assert main(xlnet_args(out, small_corpus)) == 0
-    return out
+    return _tiny_run("xlnet", tmp_path_factory, small_corpus)
 
 
 def test_xlnet_trains_and_is_scored_by_infilling_as_training_did(xlnet_run, capsys):
@@ -190,7 +189,6 @@ def test_a_windowed_kind_resumes_bit_exactly(kind, request, small_corpus, tmp_pa
     run (for XLNet the factorisation orders come from the global RNG, which the trainer seeds
     per step)."""
     whole = request.getfixturevalue(f"{kind}_run")
-    args = {"xlnet": xlnet_args, "segtree": segtree_args}[kind]
     real, part = RandomWindows.__call__, tmp_path / "part"
 
     def ctrl_c_at_step_4(self, step):
@@ -201,13 +199,13 @@ def test_a_windowed_kind_resumes_bit_exactly(kind, request, small_corpus, tmp_pa
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     monkeypatch.setattr(RandomWindows, "__call__", ctrl_c_at_step_4)
     try:
-        assert main(args(part, small_corpus)) == 130
+        assert main(kind_args(kind, part, small_corpus)) == 130
     finally:  # minixl train ignores further signals once it has stopped: put them back
         for s, handler in handlers.items():
             signal.signal(s, handler)
     monkeypatch.setattr(RandomWindows, "__call__", real)
     assert load_checkpoint(part / "checkpoint.pt", for_resume=True)["step"] == 4
-    assert main(args(part, small_corpus, 8, "--resume")) == 0
+    assert main(kind_args(kind, part, small_corpus, 8, "--resume")) == 0
 
     a = load_checkpoint(part / "checkpoint.pt", for_resume=True)
     b = load_checkpoint(whole / "checkpoint.pt", for_resume=True)
@@ -447,7 +445,7 @@ def test_segtree_trains_evaluates_and_refuses_a_model_that_is_not_causal(segtree
     argv = ["eval", "--checkpoint", str(segtree_run / "checkpoint.pt"), "--device", "cpu"]
     assert main([*argv, "--protocol", "sliding", "--seq-len", "16", "--stride", "8"]) == 0
     assert "sliding windows of 16" in capsys.readouterr().out
-    assert main(segtree_args(tmp_path / "bi", small_corpus, 2, "--no-causal")) == 2
+    assert main(kind_args("segtree", tmp_path / "bi", small_corpus, 2, "--no-causal")) == 2
     assert "must be causal" in capsys.readouterr().err
 
 
