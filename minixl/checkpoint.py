@@ -9,10 +9,12 @@ plain values but cannot run code:
     model         the model's state_dict (plain keys, also for a compiled model)
     model_config  the model's config, as a dict
     meta          {"kind": "char" | "shaw" | "xl" ..., "corpus": name, "corpus_sha256": digest}
-    train_config  the TrainConfig, as a dict
+    train_config  the TrainConfig, as a dict (one written before a field existed lacks it:
+                  the trainer reads it as the value it had then, minixl.trainer.BEFORE)
     objective     the objective's own weights (Chapter 2's extra heads; often empty)
     optimizer     the optimiser's state_dict
-    state         what the model carries from batch to batch (Transformer-XL's memory) or None
+    state         what the model carries from batch to batch (Transformer-XL's memory) or None;
+                  always the whole batch's rows, also when several processes trained it
 """
 
 from __future__ import annotations

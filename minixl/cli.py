@@ -30,6 +30,7 @@ FIELD_HELP = {
     "block_size": "the window length", "pos": "absolute positions: per_layer, sinusoid or none",
     "max_relative": "the clipping distance k of relative attention",
     "tgt_len": "the segment length", "seq_len": "the window length",
+    "attention_impl": "eager (the chapter's code), sdpa or flex (fused kernels; Chapter 4.11)",
     "n_predict": "bytes predicted per window, the last of a random factorisation order "
                  "(partial prediction, K = seq-len / n-predict)",
     "mem_len": "memory length per layer (0 = none; xlnet carries it only when sampling)",
@@ -40,8 +41,8 @@ FIELD_HELP = {
     "model must be causal)", "n_classes": "classes read from the root (0 = none; a language "
     "model has none)",
 }
-TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup", "grad_clip", "seed", "eval_every",
-               "eval_bytes", "ckpt_every", "log_every")
+TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "warmup", "grad_clip", "seed",
+               "eval_every", "eval_bytes", "ckpt_every", "log_every")
 
 
 def _flag(name: str) -> str:
@@ -92,13 +93,54 @@ def _model_config(kind, args):
     return with_overrides(model_cfg, **given), train_kw
 
 
-def cmd_train(args) -> int:
-    from .trainer import TrainConfig, TrainingDiverged, TrainingInterrupted, train
+def _weight_decay_on(args, out: str) -> str:
+    """--weight-decay-on as given; else the checkpoint's when resuming (one written before
+    the flag existed decayed everything), matrices for a new run."""
+    if args.weight_decay_on is not None:
+        return args.weight_decay_on
+    if args.resume:
+        try:
+            saved = load_checkpoint(f"{out}/checkpoint.pt", for_resume=True)["train_config"]
+            return saved.get("weight_decay_on", "all")
+        except CheckpointError:
+            pass  # the trainer says what is wrong with it
+    return "matrices"
 
+
+def cmd_train(args) -> int:
+    from .device import distributed_env
+    from .trainer import TrainingDiverged, TrainingInterrupted
+
+    rank, _, world = distributed_env()  # under torchrun: one of `world` processes
+    try:
+        return _train_run(args, rank, world)
+    except (ValueError, CheckpointError, DownloadError, OSError):
+        if rank:  # every process meets the same error; rank 0 says it
+            return 2
+        raise
+    except TrainingInterrupted as err:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # the checkpoint is saved: let us exit
+            signal.signal(signum, signal.SIG_IGN)
+        if not rank:
+            print(f"minixl train: {err}", file=sys.stderr)
+        return 128 + err.signum
+    except TrainingDiverged as err:
+        if not rank:
+            print(f"minixl train: {err}", file=sys.stderr)
+        return 3
+
+
+def _train_run(args, rank: int, world: int) -> int:
+    """cmd_train's work, in each process of a distributed run; only rank 0 prints."""
+    from .device import training_device
+    from .trainer import TrainConfig, train
+
+    say = print if rank == 0 else (lambda *a, **k: None)
     kind = kind_of(args.model)
     model_cfg, train_kw = _model_config(kind, args)
+    out = args.out or f"runs/{args.preset}" + ("" if kind.name == "char" else f"-{kind.name}")
     cfg = with_overrides(TrainConfig(**train_kw), device=args.device, compile=args.compile,
-                         **_given(args, TRAIN_FLAGS))
+                         weight_decay_on=_weight_decay_on(args, out), **_given(args, TRAIN_FLAGS))
     aux = (args.aux_losses or "positions", 1 if args.aux_targets is None else args.aux_targets)
     torch.manual_seed(cfg.seed)  # seeds the objective's own weights (Chapter 2's heads)
     objective = kind.objective(model_cfg, *aux)
@@ -111,7 +153,9 @@ def cmd_train(args) -> int:
                          f"{_flag(kind.length)} {INFILL_SPAN + 1} or more")
     source = args.corpus or "pydoc"
     corpus = load_corpus(source)
-    batches = kind.batches(corpus.train, cfg.batch_size, model_cfg, seed=cfg.seed)
+    device = training_device(cfg.device)
+    # the train split (at most ~100 MB of bytes) goes to the GPU once: batches are cut there
+    batches = kind.batches(corpus.train.to(device), cfg.batch_size, model_cfg, seed=cfg.seed)
     if len(corpus.valid) < length + 1:
         raise ValueError(f"the valid split of {corpus.name!r} has {len(corpus.valid):,} bytes, "
                          f"too few for one window of {length}; use more text or a smaller "
@@ -124,25 +168,21 @@ def cmd_train(args) -> int:
 
     torch.manual_seed(cfg.seed)
     model = kind.build(model_cfg)
-    out = args.out or f"runs/{args.preset}" + ("" if kind.name == "char" else f"-{kind.name}")
     meta = {"kind": kind.name, "objective": "{} targets={}".format(*aux),
             "corpus": {"source": source, "sha256": corpus.sha256}}
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"minixl train: --model {kind.name}, {n_params:,} parameters, {cfg.steps} steps of "
-          f"{cfg.batch_size} x {length} bytes of {corpus.name}, run folder {out}", flush=True)
-    try:
-        result = train(model, cfg, batches=batches, objective=objective, held_out=held_out,
-                       out=out, resume=args.resume, overwrite=args.overwrite,
-                       allow_change=tuple(args.allow_change), meta=meta,
-                       progress=not args.no_progress)
-    except TrainingInterrupted as err:
-        for signum in (signal.SIGINT, signal.SIGTERM):  # the checkpoint is saved: let us exit
-            signal.signal(signum, signal.SIG_IGN)
-        print(f"minixl train: {err}", file=sys.stderr)
-        return 128 + err.signum
-    except TrainingDiverged as err:
-        print(f"minixl train: {err}", file=sys.stderr)
-        return 3
+    say(f"minixl train: --model {kind.name}, {n_params:,} parameters, {cfg.steps} steps of "
+        f"{cfg.batch_size} x {length} bytes of {corpus.name}, run folder {out}", flush=True)
+    say(f"minixl train: world size {world}" + (
+        f" (torchrun: {world} processes, each {cfg.batch_size // world} of the {cfg.batch_size} "
+        "sequences of a step)" if world > 1 else " (one process)") + (
+        f", {cfg.grad_accum} micro-batches per step" if cfg.grad_accum > 1 else ""), flush=True)
+    result = train(model, cfg, batches=batches, objective=objective, held_out=held_out,
+                   out=out, resume=args.resume, overwrite=args.overwrite,
+                   allow_change=tuple(args.allow_change), meta=meta,
+                   progress=not args.no_progress)
+    if rank:
+        return 0
     print(f"corpus: {corpus.description}")
     print(f"trained {cfg.steps} steps on {result.device} in {result.seconds:.0f} s")
     print(f"held-out bpc (valid, {kind.protocols[0]}): {result.valid_bpc:.3f}")
@@ -270,7 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run folder (default runs/PRESET, or runs/PRESET-MODEL)")
     t.add_argument("--steps", type=int, help="total optimiser steps of the run (not steps to "
                    "add): it sets the learning-rate schedule")
-    t.add_argument("--batch-size", type=int, help="windows (or parallel streams) per step")
+    t.add_argument("--batch-size", type=int, help="windows (or parallel streams) per step, "
+                   "over all processes and micro-batches")
+    t.add_argument("--grad-accum", type=int, help="split each step's batch into N micro-batches "
+                   "whose gradients add up: the same step in less memory (default 1)")
+    t.add_argument("--weight-decay-on", choices=["matrices", "all"], help="matrices: decay the "
+                   "weight matrices, not biases, norms, u/v or position tables (default for a "
+                   "new run); all: decay every tensor; a resumed run keeps its checkpoint's")
     t.add_argument("--lr", type=float, help="peak learning rate")
     t.add_argument("--warmup", type=int, help="steps of linear warm-up")
     t.add_argument("--grad-clip", type=float, help="clip the gradient norm (0 = no clipping)")

@@ -223,12 +223,18 @@ def decode(tokens) -> str:
 
 def random_windows(data: torch.Tensor, batch_size: int, seq_len: int, *,
                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """B windows at random offsets: inputs x [B, T] and next-byte targets y [B, T]."""
+    """B windows at random offsets: inputs x [B, T] and next-byte targets y [B, T].
+
+    The offsets are drawn on the CPU (by `generator`, a CPU generator) and the windows are
+    gathered where data lives: data on a GPU gives batches on that GPU, and only the B offsets
+    cross to it, never the bytes."""
     if len(data) < seq_len + 1:
         raise ValueError(f"data has {len(data)} bytes; a window of seq_len={seq_len} needs "
                          f"at least {seq_len + 1}")
     starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
-    idx = starts[:, None] + torch.arange(seq_len + 1)  # (B, T+1)
+    if data.device.type != "cpu":
+        starts = starts.to(data.device, non_blocking=True)
+    idx = starts[:, None] + torch.arange(seq_len + 1, device=data.device)  # (B, T+1)
     chunk = data[idx].long()
     return chunk[:, :-1], chunk[:, 1:]
 
@@ -282,7 +288,9 @@ class RandomWindows:
     """Batch source for windowed models: batch(step) -> B windows at random offsets.
 
     The offsets depend only on (seed, step), so a run resumed at step k sees the batches
-    an uninterrupted run sees. Every batch is fresh: windowed models keep no state.
+    an uninterrupted run sees, and every process of a distributed run sees the same batch
+    (each takes its own rows). Every batch is fresh: windowed models keep no state. Batches
+    are on data's device (`minixl train` puts the train split on the GPU once).
     """
 
     def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int = 0):
@@ -305,14 +313,18 @@ class OrderedStreams:
 
     data is cut into B streams (see stream_tensors) read in consecutive segments of seq_len;
     row b of every batch continues row b of the one before. A pass over the streams is
-    n_segments steps; its first batch is fresh (the memory starts empty again).
+    n_segments steps; its first batch is fresh (the memory starts empty again). The streams
+    are views of data (no copy, bytes stay bytes); a batch is on data's device.
     """
 
     def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int):
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
-        self.x, self.y = stream_tensors(data, batch_size)  # (B, n) each
-        self.seq_len, self.n_segments = seq_len, self.x.size(1) // seq_len
+        stream_tensors(data[:batch_size + 1], batch_size)  # the checks, on a few bytes
+        n = (len(data) - 1) // batch_size  # as stream_tensors cuts them, but kept as bytes
+        self.x = data[: n * batch_size].reshape(batch_size, n)  # (B, n) views of data, uint8
+        self.y = data[1 : n * batch_size + 1].reshape(batch_size, n)
+        self.seq_len, self.n_segments = seq_len, n // seq_len
         if self.n_segments < 1:
             raise ValueError(f"{len(data):,} bytes are too few for {batch_size} streams of at "
                              f"least one segment of {seq_len} bytes; use more text, fewer "
@@ -321,4 +333,4 @@ class OrderedStreams:
     def __call__(self, step: int) -> Batch:
         segment = step % self.n_segments
         cols = slice(segment * self.seq_len, (segment + 1) * self.seq_len)
-        return Batch(self.x[:, cols], self.y[:, cols], segment == 0)
+        return Batch(self.x[:, cols].long(), self.y[:, cols].long(), segment == 0)

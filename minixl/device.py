@@ -1,16 +1,18 @@
 """Where models run: the device a run asks for, and mixed precision on it.
 
 Hand-written shared machinery (not generated): the trainer, evaluation, sampling and the
-benchmark all choose their device here.
+benchmark all choose their device here. A run launched by torchrun (one process per GPU)
+reads its place from the environment torchrun sets: RANK, LOCAL_RANK and WORLD_SIZE.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
-__all__ = ["resolve_device", "autocast"]
+__all__ = ["resolve_device", "autocast", "distributed_env", "training_device"]
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -35,3 +37,32 @@ def autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, local rank, world size) of this process as torchrun sets them; (0, 0, 1) when
+    it was not launched by torchrun."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError as err:
+        raise ValueError(f"WORLD_SIZE, RANK and LOCAL_RANK must be integers (torchrun sets "
+                         f"them): {err}") from None
+    if world < 1 or not 0 <= rank < world or local < 0:
+        raise ValueError(f"need 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0, got RANK={rank}, "
+                         f"WORLD_SIZE={world}, LOCAL_RANK={local}")
+    return rank, local, world
+
+
+def training_device(name: str = "auto") -> torch.device:
+    """The device this process trains on: resolve_device(name), except that a process of a
+    distributed run on CUDA takes the GPU of its local rank (cuda:LOCAL_RANK)."""
+    device = resolve_device(name)
+    _, local, world = distributed_env()
+    if world > 1 and device.type == "cuda":
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK {local} has no GPU: this machine has "
+                             f"{torch.cuda.device_count()}; start at most that many processes "
+                             "per node (torchrun --nproc-per-node)")
+        device = torch.device("cuda", local)
+    return device

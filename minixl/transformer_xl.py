@@ -10,16 +10,20 @@ from __future__ import annotations
 
 __all__ = [
     'relative_distances', 'relative_positions', 'rel_scores_naive', 'rel_shift',
-    'rel_scores', 'TransformerXLConfig', 'RelMultiHeadAttention', 'PositionwiseFF',
-    'XLLayer', 'TransformerXL', 'NoMemory', 'stream_nll', 'evaluate_bpc_xl',
+    'rel_scores', 'ATTENTION_IMPLS', 'check_attention_impl', 'attention_mask',
+    'TransformerXLConfig', 'RelMultiHeadAttention', 'PositionwiseFF', 'XLLayer',
+    'TransformerXL', 'NoMemory', 'stream_nll', 'evaluate_bpc_xl', 'KVCache',
+    'project_memory', 'position_keys', 'xl_forward_cached', 'fused_rel_attention',
 ]
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from .char_transformer import causal_mask, eval_mode, sinusoid_positions
 from .data import stream_batches
@@ -37,11 +41,17 @@ def relative_distances(qlen: int, klen: int, *, device=None) -> torch.Tensor:
 
 
 def relative_positions(distances: torch.Tensor, d_model: int, clamp_len: int = 0) -> torch.Tensor:
-    """R: sinusoids [..., d_model] of distances (any shape, >= 0); clamp_len > 0 caps them."""
+    """R: sinusoids [..., d_model] of distances (any shape, >= 0); clamp_len > 0 caps them.
+
+    Each distance's sinusoid is computed from the distance itself, as Chapter 1's table
+    computes each row: a lookup table would need its length, distances.max(), which a
+    compiled graph can only read by stopping to ask the device (section 4.11).
+    """
     if clamp_len > 0:
         distances = distances.clamp(max=clamp_len)
-    table = sinusoid_positions(int(distances.max()) + 1, d_model, device=distances.device)
-    return table[distances]
+    k = torch.arange(0, d_model, 2, device=distances.device).float()
+    angles = distances.float()[..., None] * (1.0 / 10000 ** (k / d_model))  # (..., d/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
 def rel_scores_naive(q: torch.Tensor, k: torch.Tensor, r_pair: torch.Tensor, u: torch.Tensor,
@@ -84,12 +94,39 @@ def rel_scores(q: torch.Tensor, k: torch.Tensor, r_k: torch.Tensor, u: torch.Ten
     return ac + bd
 
 
+ATTENTION_IMPLS = ("eager", "sdpa", "flex")
+
+
+def check_attention_impl(impl: str, *, clamp_len: int = 0, dropatt: float = 0.0) -> None:
+    """Refuse what the fused paths of section 4.11 cannot do, saying what works instead."""
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl={impl!r} is unknown; expected one of "
+                         f"{', '.join(ATTENTION_IMPLS)}")
+    if impl != "eager" and clamp_len > 0:
+        raise ValueError(f"attention_impl={impl!r} computes R_(i-j) from i and j and cannot cap "
+                         f"distances; use attention_impl='eager' for clamp_len={clamp_len}")
+    if impl == "flex" and dropatt > 0:
+        raise ValueError(f"attention_impl='flex' has no attention dropout (dropatt={dropatt}); "
+                         "use dropatt=0 or attention_impl='sdpa'")
+
+
+def attention_mask(impl: str, qlen: int, klen: int, device=None):
+    """The causal mask over [memory; segment], built once per forward: bool [qlen, klen] (True
+    = may attend) for eager and sdpa, a FlexAttention BlockMask for flex."""
+    if impl != "flex":
+        return causal_mask(qlen, klen, device=device)
+    offset = klen - qlen  # query i sits at absolute position offset + i
+    return create_block_mask(lambda b, h, i, j: j <= i + offset, None, None, qlen, klen,
+                             device=device)
+
+
 @dataclass
 class TransformerXLConfig:
     """Sizes of a TransformerXL: segments of tgt_len, memories of mem_len per layer.
 
     clamp_len > 0 caps distances; pre_lnorm puts layer norm before each sublayer;
-    pos="absolute" is the ablation's input sinusoid, restarted every segment.
+    pos="absolute" is the ablation's input sinusoid, restarted every segment;
+    attention_impl="sdpa" or "flex" selects section 4.11's fused attention.
     """
 
     vocab_size: int = 256
@@ -105,6 +142,7 @@ class TransformerXLConfig:
     dropatt: float = 0.0
     pre_lnorm: bool = False
     pos: str = "relative"
+    attention_impl: str = "eager"
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "tgt_len"):
@@ -121,6 +159,7 @@ class TransformerXLConfig:
                              f"got {self.d_model}")
         if self.pos not in ("relative", "absolute"):
             raise ValueError(f"pos={self.pos!r} is unknown; expected 'relative' or 'absolute'")
+        check_attention_impl(self.attention_impl, clamp_len=self.clamp_len, dropatt=self.dropatt)
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -131,9 +170,11 @@ class RelMultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_head: int, d_head: int, *, dropout: float = 0.0,
-                 dropatt: float = 0.0, relative: bool = True, pre_lnorm: bool = False):
+                 dropatt: float = 0.0, relative: bool = True, pre_lnorm: bool = False,
+                 impl: str = "eager"):
         super().__init__()
         self.n_head, self.d_head, self.dropatt, self.pre_lnorm = n_head, d_head, dropatt, pre_lnorm
+        self.impl = impl  # "eager" here; "sdpa" or "flex": section 4.11
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)  # W_q, W_kE, W_v
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model)
@@ -144,7 +185,7 @@ class RelMultiHeadAttention(nn.Module):
             self.r_r_bias = nn.Parameter(torch.zeros(n_head, d_head))  # v
 
     def forward(self, h: torch.Tensor, pos_emb: torch.Tensor | None = None,
-                mem: torch.Tensor | None = None) -> torch.Tensor:
+                mem: torch.Tensor | None = None, mask=None) -> torch.Tensor:
         B, Tq, C = h.shape
         cat = h if mem is None or mem.size(1) == 0 else torch.cat([mem, h], dim=1)  # (B, Tk, C)
         Tk, H, D = cat.size(1), self.n_head, self.d_head
@@ -152,15 +193,31 @@ class RelMultiHeadAttention(nn.Module):
             cat = self.layer_norm(cat)
         heads = self.qkv_net(cat).view(B, Tk, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, Tk, D)
         q, k, v = heads[0, :, :, -Tq:], heads[1], heads[2]  # queries: this segment only
-        if pos_emb is None:
-            scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+        return self.attend(h, q, k, v, pos_emb, mask)
+
+    def attend(self, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               pos_emb: torch.Tensor | None = None, mask=None, r_k: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """The rest of the layer once q [B, H, Tq, D] and k, v [B, H, Tk, D] are known: scores,
+        softmax, values, output projection, residual and norm. mask: causal_mask(Tq, Tk) (or
+        None to build it); r_k [H, Tk, D]: W_kR R when already computed (section 4.11)."""
+        B, H, Tq, D = q.shape
+        Tk = k.size(2)
+        mask = causal_mask(Tq, Tk, device=q.device) if mask is None else mask
+        if self.impl != "eager":
+            y = fused_rel_attention(q, k, v, pos_emb, self, mask)  # section 4.11
         else:
-            r_k = self.r_net(pos_emb).view(Tk, H, D).transpose(0, 1)  # (H, Tk, D)
-            scores = rel_scores(q, k, r_k, self.r_w_bias, self.r_r_bias)
-        scores = scores.float() / math.sqrt(D)
-        scores = scores.masked_fill(~causal_mask(Tq, Tk, device=h.device), float("-inf"))
-        w = F.dropout(scores.softmax(-1).type_as(v), self.dropatt, self.training)
-        y = (w @ v).transpose(1, 2).reshape(B, Tq, H * D)  # (B, Tq, H*D)
+            if pos_emb is None and r_k is None:
+                scores = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
+            else:
+                if r_k is None:
+                    r_k = self.r_net(pos_emb).view(Tk, H, D).transpose(0, 1)  # (H, Tk, D)
+                scores = rel_scores(q, k, r_k, self.r_w_bias, self.r_r_bias)
+            scores = scores.float() / math.sqrt(D)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            w = F.dropout(scores.softmax(-1).type_as(v), self.dropatt, self.training)
+            y = w @ v  # (B, H, Tq, D)
+        y = y.transpose(1, 2).reshape(B, Tq, H * D)  # (B, Tq, H*D)
         out = h + self.drop(self.o_net(y))
         return out if self.pre_lnorm else self.layer_norm(out)
 
@@ -189,12 +246,12 @@ class XLLayer(nn.Module):
         super().__init__()
         self.dec_attn = RelMultiHeadAttention(c.d_model, c.n_head, c.d_head, dropout=c.dropout,
                                               dropatt=c.dropatt, relative=c.pos == "relative",
-                                              pre_lnorm=c.pre_lnorm)
+                                              pre_lnorm=c.pre_lnorm, impl=c.attention_impl)
         self.pos_ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
 
     def forward(self, h: torch.Tensor, pos_emb: torch.Tensor | None = None,
-                mem: torch.Tensor | None = None) -> torch.Tensor:
-        return self.pos_ff(self.dec_attn(h, pos_emb, mem))
+                mem: torch.Tensor | None = None, mask=None) -> torch.Tensor:
+        return self.pos_ff(self.dec_attn(h, pos_emb, mem, mask))
 
 
 class TransformerXL(nn.Module):
@@ -234,28 +291,54 @@ class TransformerXL(nn.Module):
         if len(mems) != c.n_layer or any(m.shape != (B, M, c.d_model) for m in mems):
             raise ValueError(f"mems must be {c.n_layer} tensors [B={B}, M, C={c.d_model}] of one "
                              f"length M, got {[tuple(m.shape) for m in mems]}")
+        mem_len, clamp_len = self._lengths(mem_len, clamp_len)
+        h, pos_emb, mask = self.embed(tokens, M, clamp_len)
+        inputs = []
+        for layer, mem in zip(self.layers, mems):
+            inputs.append(h)
+            h = layer(h, pos_emb, mem, mask)
+        logits = F.linear(self.drop(h), self.word_emb.weight, self.out_bias)  # (B, T, V)
+        return logits, self.update_mems(inputs, mems, mem_len)
+
+    def _lengths(self, mem_len: int | None, clamp_len: int | None) -> tuple[int, int]:
+        c = self.config
         mem_len = c.mem_len if mem_len is None else mem_len
         clamp_len = c.clamp_len if clamp_len is None else clamp_len
         if mem_len < 0 or clamp_len < 0:
             raise ValueError(f"mem_len and clamp_len must be >= 0 (0 = none), got {mem_len} "
                              f"and {clamp_len}")
+        check_attention_impl(c.attention_impl, clamp_len=clamp_len)
+        return mem_len, clamp_len
+
+    def embed(self, tokens: torch.Tensor, M: int, clamp_len: int):
+        """What every layer shares, built once per forward: the scaled embeddings h [B, T, C],
+        R for distances Tk-1..0 (None for pos="absolute") and the mask over Tk = M + T keys."""
+        c, T = self.config, tokens.size(1)
         h = self.word_emb(tokens) * math.sqrt(c.d_model)  # (B, T, C)
         pos_emb = None
         if c.pos == "relative":
             dist = torch.arange(M + T - 1, -1, -1, device=tokens.device)  # Tk-1, ..., 0
-            pos_emb = self.drop(relative_positions(dist, c.d_model, clamp_len)).to(h.dtype)
+            pos_emb = relative_positions(dist, c.d_model, clamp_len).to(h.dtype)
+            if c.attention_impl == "eager":  # the fused path uses R only through its formula
+                pos_emb = self.drop(pos_emb)
         else:  # the same U_1..U_T in every segment (section 4.3)
             h = h + sinusoid_positions(T, c.d_model, device=h.device)
-        h = self.drop(h)
-        inputs = []
-        for layer, mem in zip(self.layers, mems):
-            inputs.append(h)
-            h = layer(h, pos_emb, mem)
-        logits = F.linear(self.drop(h), self.word_emb.weight, self.out_bias)  # (B, T, V)
-        return logits, self.update_mems(inputs, mems, mem_len)
+        return self.drop(h), pos_emb, attention_mask(c.attention_impl, T, M + T, tokens.device)
 
-    def step(self, tokens: torch.Tensor, state: list[torch.Tensor] | None = None, **kw):
-        """The model protocol (Chapter 1): the state is the memory. Returns (logits, mems)."""
+    def step(self, tokens: torch.Tensor, state=None, *, kv_cache: bool | None = None, **kw):
+        """The model protocol (Chapter 1): the state is the memory. Returns (logits, state).
+
+        kv_cache (section 4.11): carry the memory's keys and values (a KVCache) instead of its
+        hidden states; None = do so in inference (eval mode, gradients off) only.
+        """
+        if kv_cache is None:
+            kv_cache = isinstance(state, KVCache) or not (self.training or torch.is_grad_enabled())
+        if kv_cache:
+            return xl_forward_cached(self, tokens, state, **kw)
+        if isinstance(state, KVCache):
+            raise ValueError("this state is a KVCache (keys and values, from kv_cache=True): it "
+                             "cannot be turned back into hidden states; continue with "
+                             "kv_cache=True or start from state=None")
         return self(tokens, state, **kw)
 
     @torch.no_grad()
@@ -294,10 +377,123 @@ def stream_nll(model: nn.Module, data: torch.Tensor, *, tgt_len: int | None = No
         for x, y in stream_batches(data, batch_size, tgt_len):
             logits, state = model.step(x.to(device), state, **step_kw)  # (B, T, V)
             losses.append(F.cross_entropy(logits.float().transpose(1, 2), y.to(device),
-                                          reduction="none").cpu())  # (B, T)
-    return torch.cat(losses, dim=1)
+                                          reduction="none"))  # (B, T), left on the device
+    return torch.cat(losses, dim=1).cpu()
 
 
 def evaluate_bpc_xl(model: nn.Module, data: torch.Tensor, **kwargs) -> float:
     """Bits per byte of data [N] with memory: stream_nll's mean over ln 2 (same keywords)."""
     return stream_nll(model, data, **kwargs).mean().item() / math.log(2)
+
+
+@dataclass
+class KVCache:
+    """Transformer-XL's memory as keys and values, for inference: per layer keys and values
+    [B, H, M, D]; r_k per layer [H, L, D] = W_kR R for distances L-1..0 (the longest L met so
+    far) under clamp_len."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    r_k: list[torch.Tensor] | None = None
+    clamp_len: int = 0
+
+
+def project_memory(model: nn.Module, mems: list[torch.Tensor]) -> KVCache:
+    """Hidden-state memories (n_layer tensors [B, M, C]) -> their keys and values."""
+    keys, values = [], []
+    for layer, m in zip(model.layers, mems):
+        attn = layer.dec_attn
+        x = attn.layer_norm(m) if attn.pre_lnorm else m
+        heads = attn.qkv_net(x).view(*m.shape[:2], 3, attn.n_head, attn.d_head)
+        keys.append(heads[:, :, 1].transpose(1, 2))  # (B, H, M, D)
+        values.append(heads[:, :, 2].transpose(1, 2))
+    return KVCache(keys, values)
+
+
+def position_keys(model: nn.Module, cache: KVCache, klen: int, clamp_len: int,
+                  dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer W_kR R for distances klen-1..0, projected once: (the table to keep, the last
+    klen rows of it). A longer table holds a shorter one as its tail."""
+    full = cache.r_k
+    if full is None or cache.clamp_len != clamp_len or full[0].size(1) < klen:
+        c = model.config
+        dist = torch.arange(klen - 1, -1, -1, device=model.word_emb.weight.device)
+        R = relative_positions(dist, c.d_model, clamp_len).to(dtype)
+        full = [layer.dec_attn.r_net(R).view(klen, c.n_head, c.d_head).transpose(0, 1)
+                for layer in model.layers]
+    return full, [r[:, r.size(1) - klen:] for r in full]
+
+
+def xl_forward_cached(model: nn.Module, tokens: torch.Tensor, cache=None, *,
+                      mem_len: int | None = None, clamp_len: int | None = None):
+    """TransformerXL's forward with a KVCache as memory (None = empty; hidden-state mems are
+    projected first) -> logits [B, T, V] and the next KVCache. Inference only."""
+    c = model.config
+    if model.training:
+        raise ValueError("the key/value cache is for inference: call model.eval() first (in "
+                         "training the memory's keys must be recomputed to carry gradients)")
+    B, T = tokens.shape
+    if not isinstance(cache, KVCache):
+        cache = project_memory(model, model.init_mems(B) if cache is None else cache)
+    M, H, D = cache.keys[0].size(2), c.n_head, c.d_head
+    if len(cache.keys) != c.n_layer or any(x.shape != (B, H, M, D)
+                                           for x in cache.keys + cache.values):
+        raise ValueError(f"the KVCache must hold {c.n_layer} keys and values [B={B}, H={H}, M, "
+                         f"D={D}] of one length M")
+    mem_len, clamp_len = model._lengths(mem_len, clamp_len)
+    h, pos_emb, mask = model.embed(tokens, M, clamp_len)
+    table, r_ks = None, [None] * c.n_layer
+    if c.pos == "relative" and c.attention_impl == "eager":
+        table, r_ks = position_keys(model, cache, M + T, clamp_len, h.dtype)
+    keys, values, keep = [], [], max(0, M + T - mem_len)
+    for layer, k_mem, v_mem, r_k in zip(model.layers, cache.keys, cache.values, r_ks):
+        attn = layer.dec_attn
+        x = attn.layer_norm(h) if attn.pre_lnorm else h
+        q, k, v = attn.qkv_net(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # this segment
+        k, v = torch.cat([k_mem, k], dim=2), torch.cat([v_mem, v], dim=2)  # (B, H, M + T, D)
+        h = layer.pos_ff(attn.attend(h, q, k, v, pos_emb, mask, r_k))
+        keys.append(k[:, :, keep:])
+        values.append(v[:, :, keep:])
+    logits = F.linear(h, model.word_emb.weight, model.out_bias)  # (B, T, V)
+    return logits, KVCache(keys, values, table, clamp_len)
+
+
+_compiled_flex = None
+
+
+def _flex(q, k, v, block_mask, scale):
+    """FlexAttention, compiled once on a GPU (eager, it is a slow reference; on the CPU that
+    reference is all there is, and it has no backward)."""
+    global _compiled_flex
+    if torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if q.device.type == "cpu":
+        with warnings.catch_warnings():  # "called without torch.compile": on the CPU, we know
+            warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+            return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def fused_rel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        pos_emb: torch.Tensor | None, attn: nn.Module, mask) -> torch.Tensor:
+    """The four-term attention as one dot product of longer vectors, run by a fused kernel:
+    q [B, H, Tq, D], k, v [B, H, Tk, D]; pos_emb [Tk, C] = R for distances Tk-1..0 (None:
+    term (a) only); attn: the RelMultiHeadAttention whose W_kR, u, v and impl it uses; mask
+    from attention_mask. Returns [B, H, Tq, D] without building any [Tq, Tk] tensor."""
+    B, H, Tq, D = q.shape
+    Tk = k.size(2)
+    if pos_emb is not None:
+        sin, cos = pos_emb.flip(0).to(q.dtype).chunk(2, dim=-1)  # positions 0..Tk-1: (Tk, C/2)
+        w_r = attn.r_net.weight.view(H, D, -1)  # W_kR per head: (H, D, C)
+        p_s, p_c = ((q + attn.r_r_bias[:, None]) @ w_r).chunk(2, dim=-1)  # (B, H, Tq, C/2)
+        sin_a, cos_a = sin[Tk - Tq:], cos[Tk - Tq:]  # the queries are the last Tq positions
+        q = torch.cat([q + attn.r_w_bias[:, None], p_s * sin_a + p_c * cos_a,
+                       p_c * sin_a - p_s * cos_a], dim=-1)  # (B, H, Tq, D + C)
+        k = torch.cat([k, torch.cat([cos, sin], -1).expand(B, H, Tk, -1)], dim=-1)
+    scale = 1 / math.sqrt(D)
+    if attn.impl == "flex":
+        return _flex(q, k, v, mask, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                          dropout_p=attn.dropatt if attn.training else 0.0)

@@ -595,3 +595,274 @@ def test_devices():
         for name in ("cuda", "cuda:0"):
             with pytest.raises(ValueError, match="sees no CUDA GPU"):
                 resolve_device(name)
+
+
+# ---------------------------------------------------------------- weight decay groups
+
+def _tiny(kind, **extra):
+    """A tiny model of `kind` (one layer), and its objective with every weight it can have."""
+    common = dict(n_layer=1, d_model=32, n_head=2, d_inner=64)
+    sizes = {"char": dict(block_size=8, pos="per_layer"),
+             "shaw": dict(block_size=8, max_relative=4),
+             "xl": dict(d_head=16, tgt_len=8, mem_len=8), "xlnet": dict(seq_len=16, n_predict=4),
+             "segtree": dict(block_size=16, k=2)}[kind]
+    k = KINDS[kind]
+    cfg = k.config(**common, **{**sizes, **extra})
+    torch.manual_seed(0)
+    model = k.build(cfg)
+    aux = ("positions,layers,targets", 2) if kind in ("char", "shaw") else ("positions", 1)
+    return model, k.objective(cfg, *aux)
+
+
+LAYER_NORMS = ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"]
+NOT_DECAYED = {  # every tensor that weight_decay_on="matrices" leaves alone, per kind
+    "char": ["pos", *(f"blocks.0.{n}" for n in LAYER_NORMS + [
+        "attn.qkv.bias", "attn.out.bias", "ff.0.bias", "ff.2.bias"]), "ln_f.weight", "ln_f.bias"],
+    "shaw": [*(f"blocks.0.{n}" for n in LAYER_NORMS + [
+        "attn.w_k", "attn.w_v", "attn.qkv.bias", "attn.out.bias", "ff.0.bias", "ff.2.bias"]),
+        "ln_f.weight", "ln_f.bias"],
+    "xl": ["out_bias", "layers.0.dec_attn.r_w_bias", "layers.0.dec_attn.r_r_bias",
+           "layers.0.dec_attn.layer_norm.weight", "layers.0.dec_attn.layer_norm.bias",
+           "layers.0.pos_ff.CoreNet.0.bias", "layers.0.pos_ff.CoreNet.3.bias",
+           "layers.0.pos_ff.layer_norm.weight", "layers.0.pos_ff.layer_norm.bias"],
+    "xlnet": ["mask_emb", "lm_bias", "attn.0.r_w_bias", "attn.0.r_r_bias", "attn.0.r_s_bias",
+              "attn.0.seg_embed", "attn.0.layer_norm.weight", "attn.0.layer_norm.bias",
+              "ff.0.layer_1.bias", "ff.0.layer_2.bias", "ff.0.layer_norm.weight",
+              "ff.0.layer_norm.bias"],
+    "segtree": [*(f"blocks.0.{n}" for n in LAYER_NORMS + [
+        "attn.rel_k", "attn.qkv.bias", "attn.proj.bias", "ff.0.bias", "ff.2.bias"]),
+        "ln_f.weight", "ln_f.bias"],
+}
+AUX_NOT_DECAYED = [f"aux.target_heads.{i}.{n}" for i in (0, 1)
+                   for n in ("0.weight", "0.bias", "1.bias")]  # a layer norm and a bias each
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_decay_groups_leave_biases_norms_u_v_and_position_tables_alone(kind):
+    from minixl.trainer import decay_groups, decays
+
+    model, objective = _tiny(kind)
+    own = objective if objective is not None else torch.nn.Module()
+    named = dict(model.named_parameters())
+    assert sorted(n for n, p in named.items() if not decays(n, p)) == sorted(NOT_DECAYED[kind])
+    own_named = dict(own.named_parameters())
+    assert sorted(n for n, p in own_named.items() if not decays(n, p)) == (
+        sorted(AUX_NOT_DECAYED) if kind in ("char", "shaw") else [])
+
+    params = [p for m in (model, own) for p in m.parameters()]
+    [every] = decay_groups([model, own], 0.1, on="all")  # Chapter 1's loop: one group
+    assert every["weight_decay"] == 0.1
+    assert [id(p) for p in every["params"]] == [id(p) for p in params]
+    decayed, kept = decay_groups([model, own], 0.1, on="matrices")
+    assert (decayed["weight_decay"], kept["weight_decay"]) == (0.1, 0.0)
+    assert sorted(map(id, decayed["params"] + kept["params"])) == sorted(map(id, params))
+    assert all(p.dim() >= 2 for p in decayed["params"])  # and the tables of NOT_DECAYED are 2-D+
+    assert {id(named[n]) for n in NOT_DECAYED[kind]} <= set(map(id, kept["params"]))
+    with pytest.raises(ValueError, match="on must be one of all, matrices"):
+        decay_groups([model], 0.1, on="biases")
+
+
+def test_weight_decay_on_matrices_decays_only_the_matrices(tmp_path):
+    """One step of two runs that differ only in weight decay (0 and 10; the same gradients):
+    with weight_decay_on="matrices" the tensors of the second group end as in the run without
+    decay, every matrix does not."""
+    data = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(0)).byte()
+    ends = []
+    for wd in (0.0, 10.0):
+        torch.manual_seed(0)
+        model = CharTransformer(replace(TINY, pos="per_layer"))
+        cfg = TrainConfig(steps=1, batch_size=4, warmup=0, weight_decay=wd,
+                          weight_decay_on="matrices", device="cpu")
+        train(model, cfg, batches=RandomWindows(data, 4, 32), progress=False)
+        ends.append(dict(model.named_parameters()))
+    from minixl.trainer import decays
+    for name, p in ends[0].items():
+        same = torch.equal(p, ends[1][name])
+        assert same == (not decays(name, p)), name
+    assert not decays("pos", ends[0]["pos"]) and decays("tok.weight", ends[0]["tok.weight"])
+
+
+def _old_checkpoint(run: Path) -> None:
+    """Make run's checkpoint one written before weight_decay_on and grad_accum existed."""
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    for name in ("weight_decay_on", "grad_accum"):
+        del ckpt["train_config"][name]
+    save_checkpoint(run / "checkpoint.pt", ckpt)
+
+
+def test_a_checkpoint_from_before_decay_groups_resumes_decaying_everything(tmp_path,
+                                                                          small_corpus, capsys):
+    run = tmp_path / "run"
+    args = train_args("char", run, 4, "--corpus", str(small_corpus))
+    assert main([*args, "--weight-decay-on", "all"]) == 0
+    _old_checkpoint(run)
+    assert main(train_args("char", run, 8, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps")) == 0
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    assert ckpt["step"] == 8 and ckpt["train_config"]["weight_decay_on"] == "all"
+    assert len(ckpt["optimizer"]["param_groups"]) == 1
+    assert "weight_decay_on" not in capsys.readouterr().out  # no change was reported
+
+    _old_checkpoint(run)  # asking for the groups is a change of what is learned ...
+    assert main(train_args("char", run, 10, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps", "--weight-decay-on", "matrices")) == 2
+    assert "weight_decay_on: 'all' -> 'matrices'" in capsys.readouterr().err
+    before = load_checkpoint(run / "checkpoint.pt", for_resume=True)["optimizer"]["state"]
+    assert main(train_args("char", run, 10, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps,weight_decay_on", "--weight-decay-on",
+                           "matrices")) == 0  # ... made on purpose: the moments carry over
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    groups = ckpt["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
+    assert all(int(s["step"]) == 10 for s in ckpt["optimizer"]["state"].values())
+    assert len(ckpt["optimizer"]["state"]) == len(before)
+
+
+def test_a_checkpoint_from_before_attention_impl_resumes(tmp_path, small_corpus, capsys):
+    """A model setting added since a checkpoint was written takes its default there: an XL
+    run saved before attention_impl existed resumes as eager, and asking for another is a
+    change of the model, refused."""
+    run = tmp_path / "run"
+    assert main(train_args("xl", run, 4, "--corpus", str(small_corpus))) == 0
+    ckpt = load_checkpoint(run / "checkpoint.pt", for_resume=True)
+    del ckpt["model_config"]["attention_impl"]
+    save_checkpoint(run / "checkpoint.pt", ckpt)
+    assert main(train_args("xl", run, 6, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps")) == 0
+    assert "attention_impl" not in capsys.readouterr().out
+    assert main(train_args("xl", run, 8, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps", "--attention-impl", "sdpa")) == 2
+    assert "model.attention_impl: 'eager' -> 'sdpa'" in capsys.readouterr().err
+
+
+def test_a_new_command_line_run_decays_only_the_matrices(char_run):
+    ckpt = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)
+    assert ckpt["train_config"]["weight_decay_on"] == "matrices"
+    assert [g["weight_decay"] for g in ckpt["optimizer"]["param_groups"]] == [0.01, 0.0]
+    assert TrainConfig().weight_decay_on == "all"  # the library's default: Chapter 1's loop
+
+
+# ---------------------------------------------------------------- gradient accumulation
+
+def _accumulated(kind, grad_accum, steps=3):
+    """Weights and memory after `steps` steps of batch 4 in grad_accum micro-batches."""
+    torch.manual_seed(0)
+    common = dict(n_layer=2, d_model=32, n_head=2, d_inner=64)
+    model_cfg = (CharTransformerConfig(block_size=8, **common) if kind == "char" else
+                 KINDS["xl"].config(d_head=16, tgt_len=8, mem_len=8, **common))
+    model = KINDS[kind].build(model_cfg)
+    states = []
+    source = KINDS[kind].batches(STREAM, 4, model_cfg, seed=3)
+
+    def batches(step):  # xl: 5 segments per pass, so the memory is carried in every step here
+        return source(step)
+
+    def objective(m, x, y, state, progress):
+        parts, state = trainer.next_byte_objective(m, x, y, state, progress)
+        states.append(state)
+        return parts, state
+
+    from minixl import trainer
+    # A small lr: a few weights (the keys' biases) have a gradient that is 0 but for float
+    # noise, which Adam scales up to steps of about lr whatever the order of additions.
+    cfg = TrainConfig(steps=steps, batch_size=4, grad_accum=grad_accum, lr=3e-4, warmup=1,
+                      device="cpu")
+    train(model, cfg, batches=batches, objective=objective, progress=False)
+    memory = torch.cat([s[0] for s in states[-grad_accum:]]) if kind == "xl" else None
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}  # of the last step
+    return model.state_dict(), grads, memory
+
+
+@pytest.mark.parametrize("kind", ["char", "xl"])
+def test_gradient_accumulation_gives_the_weights_of_one_batch(kind):
+    """A batch of 4 in 2 micro-batches of 2 (xl: each with its own rows of the memory) has
+    the gradients of the whole batch at once (the mean loss, not the sum) and ends with its
+    weights and memory, up to the order of float additions."""
+    one, grad_one, mem_one = _accumulated(kind, 1)
+    two, grad_two, mem_two = _accumulated(kind, 2)
+    for name in grad_one:
+        torch.testing.assert_close(grad_two[name], grad_one[name], rtol=1e-4, atol=1e-6,
+                                   msg=name)
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-6, msg=name)
+    if kind == "xl":
+        assert mem_one.shape == mem_two.shape == (4, 8, 32)
+        torch.testing.assert_close(mem_two, mem_one, rtol=0, atol=1e-6)
+
+
+def test_gradient_accumulation_must_divide_the_batch(monkeypatch):
+    with pytest.raises(ValueError, match="batch_size 6 does not split into grad_accum 4 equal "
+                       "micro-batches: use a batch size that is a multiple of 4"):
+        TrainConfig(batch_size=6, grad_accum=4)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun would, for 2 processes
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match=r"batch_size 4 does not split into 2 processes x 4 "
+                       r"micro-batches \(grad_accum\): use a batch size that is a multiple of 8"):
+        train(CharTransformer(TINY), TrainConfig(batch_size=4, grad_accum=4, device="cpu"),
+              batches=None, progress=False)
+
+
+def test_which_weights_get_no_gradient():
+    """Every weight gets a gradient in every step, but XLNet's segment bias and encodings
+    (a language model's window is one segment): this is why DistributedDataParallel runs
+    with find_unused_parameters (without it, XLNet's second step would fail)."""
+    from minixl.trainer import next_byte_objective
+    for kind in KINDS:
+        model, objective = _tiny(kind)
+        objective = objective or next_byte_objective
+        length = getattr(model.config, KINDS[kind].length)
+        x = torch.randint(0, 256, (2, length))
+        parts, _ = objective(model, x, x.roll(-1, 1), None, 0.5)
+        parts["loss"].backward()
+        own = objective.parameters() if isinstance(objective, torch.nn.Module) else []
+        missing = [n for n, p in model.named_parameters() if p.grad is None]
+        missing += [n for n, p in (objective.named_parameters() if own else []) if p.grad is None]
+        assert missing == (["attn.0.r_s_bias", "attn.0.seg_embed"] if kind == "xlnet" else []), (
+            kind, missing)
+
+
+# ---------------------------------------------------------------- batches where the data is
+
+def test_batch_sources_give_the_same_batches_and_keep_them_on_the_datas_device():
+    """RandomWindows and OrderedStreams cut a step's batch where the data lives (on a GPU
+    when `minixl train` put the corpus there): the same batches as gathering on the host
+    (reference below), and on the meta device the batch stays on it, never read back."""
+    data = torch.randint(0, 256, (3001,), generator=torch.Generator().manual_seed(2)).byte()
+    windows, streams = RandomWindows(data, 4, 16, seed=5), KINDS["xl"].batches(
+        data, 4, KINDS["xl"].config(n_layer=1, tgt_len=16, mem_len=16), seed=5)
+    n = (len(data) - 1) // 4
+    xs, ys = data[:n * 4].long().view(4, n), data[1:n * 4 + 1].long().view(4, n)
+    for step in (0, 1, 7, 46, 47):
+        gen = torch.Generator().manual_seed(step_seed(5, step))
+        starts = torch.randint(len(data) - 16, (4,), generator=gen)
+        ref = torch.stack([data[s:s + 17] for s in starts.tolist()]).long()
+        x, y, fresh = windows(step)
+        assert torch.equal(x, ref[:, :-1]) and torch.equal(y, ref[:, 1:]) and fresh
+        assert x.dtype == torch.long
+        seg = step % (n // 16)
+        x, y, fresh = streams(step)
+        assert torch.equal(x, xs[:, seg * 16:(seg + 1) * 16]) and fresh == (seg == 0)
+        assert torch.equal(y, ys[:, seg * 16:(seg + 1) * 16]) and x.dtype == torch.long
+    meta = data.to("meta")
+    for source in (RandomWindows(meta, 4, 16, seed=5), KINDS["xl"].batches(
+            meta, 4, KINDS["xl"].config(n_layer=1, tgt_len=16, mem_len=16), seed=5)):
+        x, y, _ = source(3)
+        assert x.device.type == y.device.type == "meta" and x.shape == y.shape == (4, 16)
+
+
+def test_the_place_of_a_process_comes_from_torchruns_environment(monkeypatch):
+    from minixl.device import distributed_env, training_device
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed_env() == (0, 0, 1) and training_device("cpu").type == "cpu"
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed_env() == (3, 1, 4)
+    assert training_device("cpu") == torch.device("cpu")  # gloo: every process on the CPU
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="need 0 <= RANK < WORLD_SIZE"):
+        distributed_env()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE, RANK and LOCAL_RANK must be integers"):
+        distributed_env()

@@ -261,12 +261,16 @@ def test_step_is_forward_with_the_memory_as_state():
     model = TransformerXL(tiny()).eval()
     tokens = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
-        a, state = model.step(tokens[:, :5])
-        b, state = model.step(tokens[:, 5:], state, mem_len=3)
+        a, state = model.step(tokens[:, :5], kv_cache=False)
+        b, state = model.step(tokens[:, 5:], state, mem_len=3, kv_cache=False)
         want_a, mems = model(tokens[:, :5])
         want_b, want_mems = model(tokens[:, 5:], mems, mem_len=3)
+        ca, cache = model.step(tokens[:, :5])  # inference: keys and values (section 4.7)
+        cb, cache = model.step(tokens[:, 5:], cache, mem_len=3)
     torch.testing.assert_close(torch.cat([a, b], 1), torch.cat([want_a, want_b], 1))
+    torch.testing.assert_close(torch.cat([ca, cb], 1), torch.cat([want_a, want_b], 1))
     assert [m.shape for m in state] == [(2, 3, 32)] * 2
+    assert [k.shape for k in cache.keys] == [(2, 2, 3, 16)] * 2
     for m, w in zip(state, want_mems):
         torch.testing.assert_close(m, w)
 
@@ -391,3 +395,192 @@ def test_negative_memory_overrides_are_rejected():
     model = TransformerXL(tiny())
     with pytest.raises(ValueError, match="mem_len and clamp_len must be >= 0"):
         model(torch.zeros(1, 3, dtype=torch.long), mem_len=-1)
+
+
+# --- Section 4.7's key/value cache and section 4.11's fused attention -----------------------
+
+from minixl.transformer_xl import KVCache, attention_mask, fused_rel_attention  # noqa: E402
+
+
+def _trained_like(cfg: TransformerXLConfig, seed: int = 0) -> TransformerXL:
+    """A model whose weights are large enough that a wrong position or key shows in the logits
+    (the N(0, 0.02) init makes every logit nearly the same)."""
+    torch.manual_seed(seed)
+    model = TransformerXL(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+@pytest.mark.parametrize("pos", ["relative", "absolute"])
+@pytest.mark.parametrize("mem_len", [0, 5, 8, 20])
+def test_kv_cache_equals_hidden_state_memory(pre_lnorm, pos, mem_len):
+    model = _trained_like(tiny(pre_lnorm=pre_lnorm, pos=pos, mem_len=mem_len))
+    data = torch.randint(0, 256, (2 * 8 * 7 + 1,))
+    plain = stream_nll(model, data, batch_size=2, kv_cache=False)
+    cached = stream_nll(model, data, batch_size=2, kv_cache=True)
+    assert plain.shape == cached.shape == (2, 56)
+    torch.testing.assert_close(cached, plain, rtol=1e-5, atol=1e-5)
+    assert stream_nll(model, data, batch_size=2).equal(cached)  # inference caches by default
+
+
+def test_kv_cache_state_holds_keys_and_grows_its_position_table():
+    model = _trained_like(tiny(mem_len=12))
+    x = torch.randint(0, 256, (3, 8))
+    with torch.no_grad():
+        _, mems = model(x)  # hidden states of one segment
+        _, cache = model.step(x)  # eval + no grad: a KVCache
+        assert isinstance(cache, KVCache) and cache.keys[0].shape == (3, 2, 8, 16)
+        logits_h, mems = model(x, mems)
+        logits_c, cache = model.step(x, cache)
+        assert cache.keys[0].shape == (3, 2, 12, 16)  # the last mem_len keys
+        assert cache.r_k[0].shape[1] == 16  # distances 15..0 for 8 + 8 keys
+        torch.testing.assert_close(logits_c, logits_h, rtol=1e-5, atol=1e-5)
+        # a longer memory at evaluation: the position table is rebuilt, and still agrees
+        logits_h2, _ = model(x, mems, mem_len=40)
+        logits_c2, cache2 = model.step(x, cache, mem_len=40)
+        torch.testing.assert_close(logits_c2, logits_h2, rtol=1e-5, atol=1e-5)
+        assert cache2.keys[0].shape[2] == 20 and cache2.r_k[0].shape[1] == 20
+        # clamping changes the table: the cache must notice
+        logits_h3, _ = model(x, mems, clamp_len=3)
+        logits_c3, _ = model.step(x, cache, clamp_len=3)
+        torch.testing.assert_close(logits_c3, logits_h3, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(logits_c3, logits_c, atol=1e-3)
+        # hidden-state memories from training are projected into keys on the way in
+        logits_p, _ = model.step(x, mems, kv_cache=True)
+        torch.testing.assert_close(logits_p, model(x, mems)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_kv_cache_refuses_training_and_a_mixed_state():
+    model = _trained_like(tiny())
+    x = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        _, cache = model.step(x)
+    with pytest.raises(ValueError, match="cannot be turned back into hidden states"):
+        model.step(x, cache, kv_cache=False)
+    model.train()
+    with pytest.raises(ValueError, match="call model.eval"):
+        model.step(x, None, kv_cache=True)
+    _, state = model.step(x)  # training with gradients: hidden states, as the paper
+    assert isinstance(state, list)
+    model.eval()
+    bad = KVCache([k[:, :, :, :4] for k in cache.keys], cache.values)
+    with torch.no_grad(), pytest.raises(ValueError, match="KVCache must hold"):
+        model.step(x, bad)
+
+
+def test_generation_with_the_cache_equals_rereading_through_hidden_states():
+    model = _trained_like(tiny(mem_len=64))
+    prompt = encode("The memory ")
+    fast = generate(model, prompt, 30, temperature=1e-40)  # greedy, through the cache
+    slow = prompt.clone()
+    with torch.no_grad():
+        for _ in range(30):  # the whole text again each time, hidden-state memory
+            logits, _ = model(slow[None])  # no memory: the whole text is the segment
+            slow = torch.cat([slow, logits[0, -1].argmax()[None]])
+    assert fast.equal(slow)
+
+
+def _impl_run(impl: str, tokens, mems, *, grad: bool, **kw):
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(tgt_len=tokens.size(1), mem_len=mems[0].size(1),
+                               attention_impl=impl, **kw))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    with torch.set_grad_enabled(grad):
+        logits, _ = model(tokens, mems)
+    grads = None
+    if grad:
+        logits.square().mean().backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+    return logits, grads
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+@pytest.mark.parametrize("pos", ["relative", "absolute"])
+@pytest.mark.parametrize("M", [0, 3, 13])
+def test_sdpa_attention_equals_eager_values_and_gradients(pre_lnorm, pos, M):
+    tokens = torch.randint(0, 256, (2, 7))
+    mems = [torch.randn(2, M, 32) for _ in range(2)]
+    eager, g_eager = _impl_run("eager", tokens, mems, grad=True, pre_lnorm=pre_lnorm, pos=pos)
+    fused, g_fused = _impl_run("sdpa", tokens, mems, grad=True, pre_lnorm=pre_lnorm, pos=pos)
+    torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-4)
+    assert g_eager.keys() == g_fused.keys()
+    for name in g_eager:
+        torch.testing.assert_close(g_fused[name], g_eager[name], rtol=1e-4, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("pos", ["relative", "absolute"])
+@pytest.mark.parametrize("M", [0, 13])
+def test_flex_attention_equals_eager_values(pos, M):
+    """FlexAttention has no backward on the CPU; its inputs are sdpa's, whose gradients are
+    tested above."""
+    tokens = torch.randint(0, 256, (2, 7))
+    mems = [torch.randn(2, M, 32) for _ in range(2)]
+    eager, _ = _impl_run("eager", tokens, mems, grad=False, pos=pos)
+    flex, _ = _impl_run("flex", tokens, mems, grad=False, pos=pos)
+    torch.testing.assert_close(flex, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_attention_needs_the_position_terms_it_claims():
+    """A wrong sign in the rotation, or the queries read from the wrong positions, must show."""
+    torch.manual_seed(0)
+    model = _trained_like(tiny(attention_impl="sdpa"))
+    attn = model.layers[0].dec_attn
+    B, H, Tq, Tk, D = 2, 2, 5, 9, 16
+    q, k, v = torch.randn(B, H, Tq, D), torch.randn(B, H, Tk, D), torch.randn(B, H, Tk, D)
+    R = relative_positions(torch.arange(Tk - 1, -1, -1), 32)
+    mask = attention_mask("sdpa", Tq, Tk)
+    fused = fused_rel_attention(q, k, v, R, attn, mask)
+    r_k = attn.r_net(R).view(Tk, H, D).transpose(0, 1)
+    scores = rel_scores(q, k, r_k, attn.r_w_bias, attn.r_r_bias) / math.sqrt(D)
+    plain = scores.masked_fill(~causal_mask(Tq, Tk), float("-inf")).softmax(-1) @ v
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
+    content_only = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(
+        ~causal_mask(Tq, Tk), float("-inf")).softmax(-1) @ v
+    assert (fused - content_only).abs().max() > 1e-2
+
+
+def test_fused_attention_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="cannot cap distances"):
+        tiny(attention_impl="sdpa", clamp_len=16)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        tiny(attention_impl="flex", dropatt=0.1)
+    with pytest.raises(ValueError, match="attention_impl='fast' is unknown"):
+        tiny(attention_impl="fast")
+    model = TransformerXL(tiny(attention_impl="sdpa"))
+    with pytest.raises(ValueError, match="cannot cap distances"):
+        model(torch.zeros(1, 4, dtype=torch.long), clamp_len=8)
+    tiny(attention_impl="sdpa", dropatt=0.1)  # sdpa has attention dropout
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", "flex"])
+def test_xl_compiles_to_one_graph_without_steady_state_recompiles(impl):
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    model = TransformerXL(tiny(attention_impl=impl))
+    x = torch.randint(0, 256, (2, 8))
+    with torch.set_grad_enabled(impl != "flex"):  # flex: no CPU backward
+        _, state = model.step(x, None)
+        dynamo.reset()
+        explained = dynamo.explain(lambda x, s: model.step(x, s))(x, state)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), [
+            str(b.reason) for b in explained.break_reasons]
+        dynamo.reset()
+        counters.clear()
+        step = torch.compile(lambda x, s: model.step(x, s), backend="eager")
+        state = None
+        for _ in range(3):  # memory 0, then full: the compiles happen here
+            _, state = step(x, state)
+        warm = counters["stats"]["unique_graphs"]
+        for _ in range(4):
+            _, state = step(x, state)
+        assert counters["stats"]["unique_graphs"] == warm
+        dynamo.reset()
