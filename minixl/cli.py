@@ -21,7 +21,7 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
 from .evaluation import INFILL_SPAN, PROTOCOLS, evaluate
-from .models import KINDS, kind_of, model_from_checkpoint, with_overrides
+from .models import KINDS, PAPER_PRESETS, model_from_checkpoint, resolve_preset, with_overrides
 
 __all__ = ["main", "build_parser"]
 
@@ -40,6 +40,14 @@ FIELD_HELP = {
     "k": "tree neighbours per side and level", "causal": "no right context (a language "
     "model must be causal)", "n_classes": "classes read from the root (0 = none; a language "
     "model has none)",
+}
+# The paper-scale presets (minixl.models documents each); steps and batch are ours.
+PRESET_HELP = {
+    "t12": "Al-Rfou et al. (2018), 12 layers, d 512, context 512, with Chapter 2's auxiliary "
+           "losses",
+    "xl-base": "Dai et al. (2019), 12 layers, d 512, tgt and mem 512 (20k steps, not 400k)",
+    "xlnet-base": "Yang et al. (2019), XLNet-Base: 12 layers, d 768, windows of 512",
+    "segtree-base": "Ye et al. (2019), BP-Transformer: 12 layers, d 512, context 8192, k 64",
 }
 TRAIN_FLAGS = ("steps", "batch_size", "grad_accum", "lr", "warmup", "grad_clip", "seed",
                "eval_every", "eval_bytes", "ckpt_every", "log_every")
@@ -60,9 +68,12 @@ def _model_fields() -> dict[str, tuple[type, list[str]]]:
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", choices=list(KINDS), default="char", help="; ".join(
-        f"{k.name}: {k.summary}" for k in KINDS.values()) + " (default char)")
-    p.add_argument("--preset", default="tiny", help="tiny, small or base (default tiny)")
+    p.add_argument("--model", choices=list(KINDS), help="; ".join(
+        f"{k.name}: {k.summary}" for k in KINDS.values()) + " (default char, or the preset's)")
+    p.add_argument("--preset", help="tiny, small or base of any model (default tiny); or a "
+                   "paper-scale preset, which picks its model: " + "; ".join(
+                       f"{name} (--model {kind}): {PRESET_HELP[name]}"
+                       for name, kind in PAPER_PRESETS.items()))
     g = p.add_argument_group("model settings (override the preset; each names the models it "
                              "applies to)")
     for name, (typ, kinds) in _model_fields().items():
@@ -78,6 +89,21 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
 
 def _given(args, names) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _kind_preset(args):
+    """The model kind that --model and --preset select (a paper-scale preset picks its own);
+    args.model and args.preset are set to the resolved names."""
+    kind, args.preset = resolve_preset(args.model, args.preset)
+    args.model = kind.name
+    return kind
+
+
+def _aux(kind, args) -> tuple[str, int]:
+    """(aux_losses, aux_targets): the flags where given, else the preset's (t12 trains with
+    Chapter 2's auxiliary losses), else the last position's loss at every position."""
+    losses, targets = kind.aux_defaults(args.preset)
+    return (args.aux_losses or losses, targets if args.aux_targets is None else args.aux_targets)
 
 
 def _model_config(kind, args):
@@ -136,12 +162,12 @@ def _train_run(args, rank: int, world: int) -> int:
     from .trainer import TrainConfig, train
 
     say = print if rank == 0 else (lambda *a, **k: None)
-    kind = kind_of(args.model)
+    kind = _kind_preset(args)
     model_cfg, train_kw = _model_config(kind, args)
     out = args.out or f"runs/{args.preset}" + ("" if kind.name == "char" else f"-{kind.name}")
     cfg = with_overrides(TrainConfig(**train_kw), device=args.device, compile=args.compile,
                          weight_decay_on=_weight_decay_on(args, out), **_given(args, TRAIN_FLAGS))
-    aux = (args.aux_losses or "positions", 1 if args.aux_targets is None else args.aux_targets)
+    aux = _aux(kind, args)
     torch.manual_seed(cfg.seed)  # seeds the objective's own weights (Chapter 2's heads)
     objective = kind.objective(model_cfg, *aux)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
@@ -257,11 +283,15 @@ def cmd_bench(args) -> int:
     from .bench import bench
 
     if args.suite == "segtree":
+        args.csv = args.csv or "book/segtree_cost.csv"
         return _segtree_suite(args)
-    kind = kind_of(args.model)
+    if args.suite is not None:
+        return _suite(args)
+    kind = _kind_preset(args)
     model_cfg, _ = _model_config(kind, args)
-    r = bench(kind, model_cfg, batch_size=args.batch_size, steps=args.steps, device=args.device,
-              compile=args.compile, peak=args.peak_tflops)
+    r = bench(kind, model_cfg, batch_size=args.batch_size or 32, steps=args.steps,
+              warmup=args.warmup, device=args.device, compile=args.compile, peak=args.peak_tflops,
+              aux=kind.aux_defaults(args.preset))
     print(f"device: {r['device']}  model: {kind.name}  params: {r['params']:,}  batch "
           f"{r['batch_size']} x {r['seq_len']}  compile: {r['compile']}")
     print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
@@ -271,6 +301,31 @@ def cmd_bench(args) -> int:
         print("MFU: not reported on the CPU")
     else:
         print(f"MFU: unknown peak for {r['device']}; pass --peak-tflops")
+    return 0
+
+
+def _suite(args) -> int:
+    """`minixl bench --suite NAME` (models, hf-xl, xl-eval): its rows written to --csv (the
+    suite's default path) and printed as a markdown table."""
+    from .bench import SUITES, markdown_table, write_csv
+
+    suite = SUITES[args.suite]
+    if args.model is not None:
+        raise ValueError(f"--suite {args.suite} picks its own models; drop --model")
+    if args.suite != "models" and args.compile:
+        raise ValueError(f"--compile applies to --suite models, not --suite {args.suite}")
+    takes = {"hf-xl": {f.name for f in fields(KINDS["xl"].config)}, "xl-eval": {"tgt_len"}}
+    wrong = [n for n in _given(args, _model_fields()) if n not in takes.get(args.suite, ())]
+    if wrong:
+        raise ValueError(f"{', '.join(map(_flag, wrong))} do{'es' * (len(wrong) == 1)} not apply "
+                         f"to --suite {args.suite}" + (" (it benchmarks the presets as they are)"
+                                                       if args.suite == "models" else ""))
+    rows = suite.run(args)
+    if not rows:
+        raise ValueError(f"--suite {args.suite} measured nothing with these settings")
+    path = write_csv(rows, args.csv or suite.csv)
+    print(markdown_table(rows, list(suite.columns) if not args.markdown else None))
+    print(f"written to {path}")
     return 0
 
 
@@ -373,18 +428,37 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--device", default="auto")
     e.set_defaults(func=cmd_eval)
 
-    b = sub.add_parser("bench", help="training tokens/s, and MFU on CUDA")
+    from .bench import SUITES
+
+    b = sub.add_parser("bench", help="training tokens/s, and MFU on CUDA; --suite NAME for the "
+                       "benchmark suites")
     _model_flags(b)
-    b.add_argument("--batch-size", type=int, default=32)
-    b.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
+    b.add_argument("--batch-size", type=int, help="default 32; a suite: the preset's training "
+                   "batch (xl-eval: 16 sequences)")
+    b.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up ones")
+    b.add_argument("--warmup", type=int, default=5, help="with --suite models and hf-xl: "
+                   "untimed steps first (default 5)")
     b.add_argument("--peak-tflops", type=float, help="the device's peak, if minixl does not know it")
-    b.add_argument("--suite", choices=["segtree"], help="segtree: Chapter 6's cost sweep of one "
-                   "attention layer against its length (SegTree, dense, fused dense), each in a "
-                   "fresh process, written to --csv")
-    b.add_argument("--max-n", type=int, default=4096, help="with --suite: the longest input, "
+    b.add_argument("--suite", choices=list(SUITES), help="; ".join(
+        f"{name}: {s.summary}" for name, s in SUITES.items()) + "; each written to --csv")
+    b.add_argument("--csv", help="with --suite: where to write (default "
+                   + ", ".join(f"{s.csv} for {name}" for name, s in SUITES.items()) + ")")
+    b.add_argument("--markdown", action="store_true", help="with --suite: print every column, "
+                   "not only the main ones")
+    b.add_argument("--max-n", type=int, default=4096, help="--suite segtree: the longest input, "
                    "from 256 doubling (default 4096)")
-    b.add_argument("--csv", default="book/segtree_cost.csv", help="with --suite: where to write")
-    b.add_argument("--repeats", type=int, default=3, help="with --suite: timed runs per point")
+    b.add_argument("--repeats", type=int, default=3, help="--suite segtree, shaw: timed runs "
+                   "per point")
+    b.add_argument("--lengths", help="--suite xl-eval: attention lengths, comma-separated "
+                   "(default 512,1024 on the CPU, 800,1800,2800,3800 on CUDA); --suite shaw: "
+                   "sequence lengths (default 16,32,64,128,256; on CUDA 64 to 1024)")
+    b.add_argument("--sliding-bytes", type=int, default=128, help="--suite xl-eval: bytes the "
+                   "sliding window scores per length (default 128)")
+    b.add_argument("--segments", type=int, default=8, help="--suite xl-eval: segments per "
+                   "stream the memory protocol reads (default 8)")
+    b.add_argument("--checkpoint", help="--suite xl-eval: a --model xl checkpoint (default an "
+                   "untrained model at --preset, on random bytes)")
+    b.add_argument("--corpus", help="--suite xl-eval with --checkpoint: the text to score")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -26,8 +26,8 @@ from .segtree import SegTreeConfig, SegTreeTransformer, segtree_graph
 from .transformer_xl import TransformerXL, TransformerXLConfig
 from .xlnet import XLNet, XLNetConfig
 
-__all__ = ["ShawConfig", "ModelKind", "KINDS", "kind_of", "parse_aux_losses",
-           "model_from_checkpoint", "with_overrides"]
+__all__ = ["ShawConfig", "ModelKind", "KINDS", "PAPER_PRESETS", "kind_of", "resolve_preset",
+           "parse_aux_losses", "model_from_checkpoint", "with_overrides"]
 
 
 @dataclass
@@ -174,7 +174,8 @@ class ModelKind:
     length: str  # the config field that holds the training length
     streams: bool  # False: random windows, no state; True: ordered streams, state carried
     protocols: tuple[str, ...]  # evaluation protocols, the default first
-    presets: dict[str, tuple[dict, dict]]
+    # name -> (model settings, training settings[, objective defaults: aux_losses, aux_targets])
+    presets: dict[str, tuple[dict, ...]]
     flops: Callable[[nn.Module], float]  # training FLOPs per token, for the benchmark's MFU
     # (model config, aux_losses, aux_targets) -> objective, or None for the trainer's default
     objective: Callable = _aux_objective
@@ -192,8 +193,13 @@ class ModelKind:
         if name not in self.presets:
             raise ValueError(f"unknown preset {name!r} for --model {self.name}: expected one of "
                              f"{', '.join(self.presets)}")
-        model_kw, train_kw = self.presets[name]
+        model_kw, train_kw = self.presets[name][:2]
         return self.config(**model_kw), dict(train_kw)
+
+    def aux_defaults(self, name: str) -> tuple[str, int]:
+        """(aux_losses, aux_targets) a preset trains with unless --aux-* say otherwise."""
+        extra = self.presets[name][2] if len(self.presets.get(name, ())) > 2 else {}
+        return extra.get("aux_losses", "positions"), extra.get("aux_targets", 1)
 
 
 # tiny: a few CPU minutes; small: a long CPU run or a short GPU one; base: the papers' shapes.
@@ -207,6 +213,13 @@ _CHAR_PRESETS = {
              dict(steps=20000, batch_size=32, lr=6e-4, warmup=500, eval_every=1000,
                   ckpt_every=1000, eval_bytes=1 << 20)),
 }
+# t12: the 12-layer model of "Character-Level Language Modeling with Deeper Self-Attention"
+# (Al-Rfou, Choe, Constant, Guo, Jones, 2018): 12 layers, d 512, 8 heads, d_inner 2048,
+# context 512, a position table per layer, trained with all three auxiliary losses (Chapter 2:
+# every position, every layer, one extra byte ahead at weight 0.5). Ours: 20k steps of 32
+# windows and dropout 0.1; the paper trains far longer with heavier dropout.
+_CHAR_PRESETS["t12"] = (dict(_CHAR_PRESETS["base"][0], pos="per_layer"), _CHAR_PRESETS["base"][1],
+                        dict(aux_losses="positions,layers,targets", aux_targets=1))
 _XL_PRESETS = {
     "tiny": (dict(n_layer=4, d_model=128, n_head=4, d_head=32, d_inner=512, tgt_len=128,
                   mem_len=128, pre_lnorm=True),
@@ -220,6 +233,11 @@ _XL_PRESETS = {
              dict(steps=20000, batch_size=22, lr=2.5e-4, warmup=0, grad_clip=0.25,
                   eval_every=1000, ckpt_every=1000, eval_bytes=1 << 20)),
 }
+# xl-base: the 12-layer enwik8 model of "Transformer-XL: Attentive Language Models Beyond a
+# Fixed-Length Context" (Dai et al., 2019): 12 layers, d 512, 8 heads of 64, d_inner 2048,
+# tgt_len and mem_len 512, dropout 0.1, batch 22, lr 2.5e-4 (cosine), gradient clip 0.25,
+# post-norm. Ours: 20k steps instead of the paper's 400k.
+_XL_PRESETS["xl-base"] = _XL_PRESETS["base"]
 
 # n_predict = seq_len / K with K about 6: Yang et al. (2019) predict the last 1/K of each
 # order, K = 6 for XLNet-Large (their ablation of the base model also tries 7). Training reads
@@ -238,6 +256,11 @@ _XLNET_PRESETS = {
              dict(steps=20000, batch_size=32, lr=4e-4, warmup=1000, eval_every=1000,
                   ckpt_every=1000, eval_bytes=1 << 20)),
 }
+# xlnet-base: the XLNet-Base shape of "XLNet: Generalized Autoregressive Pretraining for
+# Language Understanding" (Yang et al., 2019): 12 layers, d 768, 12 heads, d_inner 3072,
+# windows of 512, K about 6. Ours: bytes, not word pieces; 20k steps of 32 windows (the paper
+# trains 500k steps of 8,192 sequences); no memory across windows (the paper's is 384).
+_XLNET_PRESETS["xlnet-base"] = _XLNET_PRESETS["base"]
 
 # k neighbours per side and level. base: BP-Transformer's enwik8 shape (Ye et al. 2019:
 # 12 layers, context 8,192, k = 64); the optimiser settings are ours.
@@ -251,6 +274,15 @@ _SEGTREE_PRESETS = {
              dict(steps=20000, batch_size=4, lr=4e-4, warmup=1000, eval_every=1000,
                   ckpt_every=1000, eval_bytes=1 << 20)),
 }
+# segtree-base: the enwik8 model of "BP-Transformer: Modelling Long-Range Context via Binary
+# Partitioning" (Ye et al., 2019): 12 layers, d 512, 8 heads, d_inner 2048, context 8,192,
+# k 64. Ours: 20k steps of 4 windows and our optimiser settings; relative positions on the
+# tree as Chapter 6 builds them.
+_SEGTREE_PRESETS["segtree-base"] = _SEGTREE_PRESETS["base"]
+
+# The paper-scale presets name their model: `--preset xl-base` alone trains --model xl.
+PAPER_PRESETS = {"t12": "char", "xl-base": "xl", "xlnet-base": "xlnet",
+                 "segtree-base": "segtree"}
 
 KINDS: dict[str, ModelKind] = {
     "char": ModelKind(
@@ -288,6 +320,24 @@ def kind_of(name: str) -> ModelKind:
     if name not in KINDS:
         raise ValueError(f"unknown model {name!r}: expected one of {', '.join(KINDS)}")
     return KINDS[name]
+
+
+def resolve_preset(model: str | None, preset: str | None) -> tuple[ModelKind, str]:
+    """(kind, preset) from --model and --preset: a paper-scale preset (PAPER_PRESETS) picks its
+    model; otherwise the model defaults to char and the preset to tiny."""
+    preset = "tiny" if preset is None else preset
+    if preset in PAPER_PRESETS:
+        own = PAPER_PRESETS[preset]
+        if model is not None and model != own:
+            raise ValueError(f"--preset {preset} is a --model {own} preset, not a --model "
+                             f"{model} one: drop --model or use --model {own}")
+        model = own
+    kind = kind_of("char" if model is None else model)
+    if preset not in kind.presets or preset in PAPER_PRESETS and PAPER_PRESETS[preset] != kind.name:
+        names = [n for n in kind.presets if PAPER_PRESETS.get(n, kind.name) == kind.name]
+        raise ValueError(f"unknown preset {preset!r} for --model {kind.name}: expected one of "
+                         f"{', '.join(names)}")
+    return kind, preset
 
 
 def model_from_checkpoint(ckpt: dict | str | Path) -> nn.Module:

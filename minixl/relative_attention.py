@@ -10,10 +10,12 @@ from __future__ import annotations
 
 __all__ = [
     'relative_index', 'shaw_attention_loop', 'shaw_attention_gathered',
-    'shaw_attention', 'ShawRelativeAttention', 'shaw_factory',
+    'shaw_attention', 'SHAW_FORMS', 'SHAW_GATHER_PAIRS', 'shaw_form',
+    'shaw_attention_cost', 'ShawRelativeAttention', 'shaw_factory',
 ]
 
 import math
+import time
 from typing import Callable
 
 import torch
@@ -75,7 +77,8 @@ def shaw_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: 
 
 def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             w_k: torch.Tensor, w_v: torch.Tensor,
-                            mask: torch.Tensor | None = None) -> torch.Tensor:
+                            mask: torch.Tensor | None = None, *,
+                            dropout: float = 0.0) -> torch.Tensor:
     """Shaw et al.'s matrix form, with the gathered [Tq, Tk, D] tables: [B, H, Tq, D]."""
     K = _distance_tables(q, k, v, w_k, w_v)
     B, H, Tq, D = q.shape
@@ -88,7 +91,7 @@ def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores = (content + position) / math.sqrt(D)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    p = scores.softmax(dim=-1)  # (B, H, Tq, Tk)
+    p = F.dropout(scores.softmax(dim=-1), dropout)  # (B, H, Tq, Tk)
     p_rows = p.permute(2, 0, 1, 3).reshape(Tq, B * H, Tk)  # (Tq, B*H, Tk)
     value_pos = (p_rows @ a_v).view(Tq, B, H, D).permute(1, 2, 0, 3)  # (B, H, Tq, D)
     return p @ v + value_pos
@@ -115,6 +118,49 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch
     return p @ v + per_distance @ w_v
 
 
+SHAW_FORMS = {"bucket": shaw_attention, "gathered": shaw_attention_gathered}
+SHAW_GATHER_PAIRS = 16 * 16  # the gathered form up to this many (query, key) pairs
+
+
+def shaw_form(qlen: int, klen: int, max_relative: int) -> str:
+    """The faster form for these sizes, "bucket" or "gathered" (measured in section 3.6 on a
+    2-core CPU: the gathered tables only pay off while they are tiny, whatever k is)."""
+    if qlen < 1 or klen < qlen or max_relative < 0:
+        raise ValueError(f"need 1 <= qlen <= klen and max_relative >= 0, got qlen={qlen}, "
+                         f"klen={klen}, max_relative={max_relative}")
+    return "gathered" if qlen * klen <= SHAW_GATHER_PAIRS else "bucket"
+
+
+def shaw_attention_cost(method: str, T: int, *, max_relative: int = 16, batch: int = 8,
+                        n_head: int = 4, d_head: int = 32, repeats: int = 5,
+                        device: str = "cpu") -> dict:
+    """One causal Shaw attention call over T positions, forward and backward: the fastest of
+    `repeats` runs after one warm-up, in seconds (the minimum, as other work on the machine
+    only ever adds time)."""
+    if method not in SHAW_FORMS:
+        raise ValueError(f"unknown method {method!r}: expected one of {', '.join(SHAW_FORMS)}")
+    if T < 1 or max_relative < 0 or repeats < 1:
+        raise ValueError(f"need T >= 1, max_relative >= 0 and repeats >= 1, got T={T}, "
+                         f"max_relative={max_relative}, repeats={repeats}")
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(batch, n_head, T, d_head, generator=g, device=dev,
+                           requires_grad=True) for _ in range(3))
+    w_k, w_v = (torch.randn(2 * max_relative + 1, d_head, generator=g, device=dev,
+                            requires_grad=True) for _ in range(2))
+    mask, f = causal_mask(T, device=dev), SHAW_FORMS[method]
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        f(q, k, v, w_k, w_v, mask).square().sum().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    return {"method": method, "T": T, "max_relative": max_relative, "seconds": min(times[1:]),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "torch": torch.__version__}
+
+
 class ShawRelativeAttention(MultiHeadAttention):
     """Multi-head self-attention with relative positions: x [B, T, C] -> [B, T, C].
 
@@ -123,11 +169,13 @@ class ShawRelativeAttention(MultiHeadAttention):
     """
 
     def __init__(self, d_model: int, n_head: int, max_relative: int, *, dropout: float = 0.0,
-                 causal: bool = True):
+                 causal: bool = True, form: str = "auto"):
         super().__init__(d_model, n_head, dropout=dropout)  # qkv and out projections, heads()
         if max_relative < 0:
             raise ValueError(f"max_relative must be >= 0, got {max_relative}")
-        self.max_relative, self.causal = max_relative, causal
+        if form not in ("auto", *SHAW_FORMS):
+            raise ValueError(f"form={form!r} is unknown; expected 'auto' or one of {SHAW_FORMS}")
+        self.max_relative, self.causal, self.form = max_relative, causal, form
         self.w_k = nn.Parameter(torch.randn(2 * max_relative + 1, self.d_head) * 0.02)
         self.w_v = nn.Parameter(torch.randn(2 * max_relative + 1, self.d_head) * 0.02)
 
@@ -136,7 +184,8 @@ class ShawRelativeAttention(MultiHeadAttention):
         q, k, v = self.heads(x)
         mask = causal_mask(T, device=x.device) if self.causal else None
         p = self.dropout if self.training else 0.0
-        y = shaw_attention(q, k, v, self.w_k, self.w_v, mask, dropout=p)  # (B, H, T, D)
+        form = shaw_form(T, T, self.max_relative) if self.form == "auto" else self.form
+        y = SHAW_FORMS[form](q, k, v, self.w_k, self.w_v, mask, dropout=p)  # (B, H, T, D)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -281,7 +281,7 @@ def max_levels(block_size: int) -> int:
     return max(1, math.ceil(math.log2(block_size)) + 1) if block_size > 1 else 1
 
 
-GRAPH_CACHE = 4  # graphs a model keeps (one per length and device)
+GRAPH_CACHE = 4  # other lengths' graphs a model keeps, besides block_size's
 
 
 class SegTreeTransformer(nn.Module):
@@ -297,17 +297,34 @@ class SegTreeTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
+        # The training length's graph is built now and moves with the model (`_apply`), so a
+        # compiled forward over block_size bytes only reads constant tensors.
         self._graphs: dict = {}
+        self.graph(c.block_size, torch.device("cpu"))
 
     def graph(self, n: int, device) -> SegTreeGraph:
-        """The tree graph for n leaves, kept for the last few lengths used (sampling grows the
-        context one byte at a time, so caching every length would hold block_size graphs)."""
-        key = (n, str(device))
+        """The tree graph for n leaves: block_size's always, and the last few other lengths
+        used (sampling grows the context one byte at a time, so caching every length would
+        hold block_size graphs)."""
+        key = (n, str(torch.device(device)))
         if key not in self._graphs:
-            if len(self._graphs) >= GRAPH_CACHE:
-                self._graphs.pop(next(iter(self._graphs)))  # the oldest
+            others = [k for k in self._graphs if k[0] != self.config.block_size]
+            if len(others) >= GRAPH_CACHE:
+                self._graphs.pop(others[0])  # the oldest
             self._graphs[key] = segtree_graph(n, self.config.k, self.config.causal, device=device)
         return self._graphs[key]
+
+    def _apply(self, fn, recurse=True):
+        """Module.to, .cuda, ...: the cached graphs move with the weights."""
+        super()._apply(fn, recurse)
+        moved = {}
+        for (n, _), g in self._graphs.items():
+            groups = [NodeGroup(*(fn(t) for t in (h.nodes, h.index, h.valid, h.etype)))
+                      for h in g.groups]
+            moved[(n, str(groups[0].nodes.device))] = SegTreeGraph(g.n, g.k, g.causal, g.sizes,
+                                                                   groups)
+        self._graphs = moved
+        return self
 
     def nodes(self, tokens: torch.Tensor) -> torch.Tensor:
         """The last layer's states of all nodes [B, N, C] (leaves first, the root last)."""

@@ -259,18 +259,23 @@ class XLNetOutput(NamedTuple):
 
 def target_positions(target_mapping, B: int, T: int, device) -> torch.Tensor:
     """Long [B, P] positions from None (all T), positions [B, P], or a one-hot float
-    target_mapping [B, P, T] (the reference's form)."""
+    target_mapping [B, P, T] (the reference's form).
+
+    Shapes are always checked; the values (one-hot rows, positions in range) only when
+    running eagerly: reading them back would be a host sync inside a compiled forward.
+    """
     if target_mapping is None:
         return torch.arange(T, device=device).expand(B, T)
+    check_values = not torch.compiler.is_compiling()
     if target_mapping.dtype.is_floating_point:
-        if target_mapping.dim() != 3 or target_mapping.shape[::2] != (B, T) or not bool(
-                ((target_mapping == 0) | (target_mapping == 1)).all()
-                and (target_mapping.sum(-1) == 1).all()):
+        if target_mapping.dim() != 3 or target_mapping.shape[::2] != (B, T) or (
+                check_values and not bool(((target_mapping == 0) | (target_mapping == 1)).all()
+                                          and (target_mapping.sum(-1) == 1).all())):
             raise ValueError(f"target_mapping must be one-hot [B={B}, P, T={T}], got shape "
                              f"{tuple(target_mapping.shape)} or rows that are not one-hot")
         return target_mapping.argmax(-1)
-    if target_mapping.dim() != 2 or target_mapping.size(0) != B or not bool(
-            ((target_mapping >= 0) & (target_mapping < T)).all()):
+    if target_mapping.dim() != 2 or target_mapping.size(0) != B or (
+            check_values and not bool(((target_mapping >= 0) & (target_mapping < T)).all())):
         raise ValueError(f"target positions must be [B={B}, P] in 0..{T - 1}, got "
                          f"{tuple(target_mapping.shape)}")
     return target_mapping

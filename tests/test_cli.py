@@ -462,3 +462,92 @@ def test_the_segtree_cost_suite_writes_its_csv(tmp_path, capsys):
     assert {r["device"] for r in rows} == {"cpu"}
     text = capsys.readouterr().out
     assert "segtree: n=256" in text and "(slope " in text and not list(tmp_path.glob("*.part"))
+
+
+# ---------------------------------------------------------------- paper-scale presets
+
+from minixl.cli import _aux, _kind_preset, _model_config, build_parser  # noqa: E402
+from minixl.models import PAPER_PRESETS  # noqa: E402
+
+# What each paper reports (see the comments above each preset in minixl/models.py).
+PAPER_SHAPES = {
+    "t12": dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=512,
+                pos="per_layer"),
+    "xl-base": dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, tgt_len=512,
+                    mem_len=512, dropout=0.1, pre_lnorm=False),
+    "xlnet-base": dict(n_layer=12, d_model=768, n_head=12, d_inner=3072, seq_len=512),
+    "segtree-base": dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192,
+                         k=64),
+}
+
+
+def _resolved(argv):
+    args = build_parser().parse_args(argv)
+    kind = _kind_preset(args)
+    return kind, args, *_model_config(kind, args)
+
+
+@pytest.mark.parametrize("preset", list(PAPER_PRESETS))
+def test_paper_preset_selects_its_model_and_the_papers_shape(preset):
+    kind, args, cfg, train_kw = _resolved(["train", "--preset", preset])
+    assert kind.name == PAPER_PRESETS[preset] == args.model and args.preset == preset
+    for name, value in PAPER_SHAPES[preset].items():
+        assert getattr(cfg, name) == value, name
+    assert train_kw["steps"] > 0 and train_kw["batch_size"] > 0
+    # naming the model it belongs to is the same; flags still override the preset
+    kind2, _, cfg2, _ = _resolved(["train", "--model", kind.name, "--preset", preset,
+                                   "--n-layer", "2"])
+    assert kind2 is kind and cfg2.n_layer == 2 and cfg2.d_model == cfg.d_model
+    if preset == "xl-base":  # Dai et al.'s optimiser settings
+        assert (train_kw["batch_size"], train_kw["lr"], train_kw["grad_clip"]) == (22, 2.5e-4, 0.25)
+
+
+def test_t12_trains_with_the_auxiliary_losses_unless_told_otherwise():
+    kind, args, cfg, _ = _resolved(["train", "--preset", "t12"])
+    aux = _aux(kind, args)
+    assert aux == ("positions,layers,targets", 1)
+    config = kind.objective(cfg, *aux).aux.config  # Chapter 2's three losses, one extra byte
+    assert config.positions and config.layers == 1.0 and config.targets == 1
+    kind, args, _, _ = _resolved(["train", "--preset", "t12", "--aux-losses", "none",
+                                  "--aux-targets", "2"])
+    assert _aux(kind, args) == ("none", 2)
+    for argv in (["train"], ["train", "--preset", "base"], ["train", "--preset", "xl-base"]):
+        kind, args, _, _ = _resolved(argv)
+        assert _aux(kind, args) == ("positions", 1), argv
+
+
+def test_per_kind_presets_keep_working():
+    kind, args, cfg, _ = _resolved(["train"])
+    assert (kind.name, args.preset, cfg.n_layer) == ("char", "tiny", 4)
+    kind, _, cfg, _ = _resolved(["train", "--model", "xl", "--preset", "small"])
+    assert (kind.name, cfg.tgt_len) == ("xl", 256)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "char", "--preset", "xl-base"],
+     "--preset xl-base is a --model xl preset, not a --model char one: drop --model or use "
+     "--model xl"),
+    (["--model", "shaw", "--preset", "t12"], "--preset t12 is a --model char preset"),
+    (["--model", "xl", "--preset", "huge"], "unknown preset 'huge' for --model xl: expected one "
+     "of tiny, small, base, xl-base"),
+])
+def test_preset_of_another_model_is_one_clear_line(argv, message, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "minixl", "train", *argv, "--steps", "1",
+                        "--no-progress"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"minixl train: error: {r.stderr.strip().split(': error: ')[1]}"
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_train_help_lists_the_paper_presets(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for preset, model in PAPER_PRESETS.items():
+        assert f"{preset} (--model {model}):" in text, preset
+    for source in ("Al-Rfou et al. (2018)", "Dai et al. (2019)", "Yang et al. (2019)",
+                   "Ye et al. (2019)"):
+        assert source in text, source

@@ -10,6 +10,7 @@ from minixl import (CharTransformer, CharTransformerConfig, ShawRelativeAttentio
                     causal_mask, leakage_matrix, relative_index, shaw_attention,
                     shaw_attention_gathered, shaw_attention_loop, shaw_factory)
 from minixl.checkpoint import load_checkpoint
+from minixl.relative_attention import SHAW_FORMS, SHAW_GATHER_PAIRS, shaw_attention_cost, shaw_form
 from minixl.cli import main
 from minixl.data import pydoc_text
 from minixl.models import KINDS, ShawConfig, kind_of, model_from_checkpoint
@@ -45,6 +46,54 @@ def test_gradients_agree_with_the_loop():
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             torch.testing.assert_close(a, b)
+
+
+def test_both_forms_apply_the_same_dropout():
+    q, k, v, w_k, w_v = tensors(2, 2, 6, 6, 4, 2)
+    out = []
+    for f in SHAW_FORMS.values():
+        torch.manual_seed(3)
+        out.append(f(q, k, v, w_k, w_v, causal_mask(6), dropout=0.5))
+    torch.testing.assert_close(out[0], out[1])
+    assert not torch.allclose(out[0], shaw_attention(q, k, v, w_k, w_v, causal_mask(6)))
+
+
+def test_the_chooser_picks_each_form_by_size():
+    side = int(SHAW_GATHER_PAIRS ** 0.5)
+    assert shaw_form(side, side, 4) == "gathered"
+    assert shaw_form(side + 1, side + 1, 4) == "bucket"
+    assert shaw_form(1, SHAW_GATHER_PAIRS, 0) == "gathered"
+    assert shaw_form(2, SHAW_GATHER_PAIRS, 0) == "bucket"
+    with pytest.raises(ValueError, match="qlen <= klen"):
+        shaw_form(5, 4, 2)
+
+
+@pytest.mark.parametrize("T", [8, 24])  # one length each side of the threshold
+def test_layer_forms_agree_in_values_and_gradients(T):
+    """The layer's automatic choice, and each form forced, give the same outputs and
+    gradients (the choice is a speed matter only)."""
+    results = []
+    for form in ("auto", *SHAW_FORMS):
+        torch.manual_seed(0)
+        layer = ShawRelativeAttention(16, 2, 3, form=form).double()
+        x = torch.randn(2, T, 16, dtype=torch.float64, requires_grad=True)
+        y = layer(x)
+        y.square().sum().backward()
+        results.append((y, x.grad, layer.w_k.grad, layer.w_v.grad))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="form='fast' is unknown"):
+        ShawRelativeAttention(16, 2, 3, form="fast")
+
+
+def test_cost_function_times_each_form_and_rejects_unknown_ones():
+    for method in SHAW_FORMS:
+        row = shaw_attention_cost(method, 8, max_relative=2, batch=1, n_head=1, d_head=4,
+                                  repeats=1)
+        assert row["method"] == method and row["T"] == 8 and row["seconds"] > 0
+    with pytest.raises(ValueError, match="unknown method 'loop'"):
+        shaw_attention_cost("loop", 8)
 
 
 def test_clipping_index_and_far_keys_share_a_vector():

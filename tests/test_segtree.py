@@ -161,5 +161,23 @@ def test_sampling_keeps_only_a_few_graphs():
         _, state = model.step(x[:, :1])
         for i in range(1, 30):
             _, state = model.step(x[:, i:i + 1], state)
-        assert len(model._graphs) <= GRAPH_CACHE
+        assert len(model._graphs) <= GRAPH_CACHE + 1  # and block_size's, kept for training
+        assert (32, "cpu") in model._graphs
         torch.testing.assert_close(model(x[:, :3]), model(x[:, :3]))
+
+
+def test_training_length_graph_is_built_with_the_model_and_moves_with_it():
+    """The block_size graph exists before the first forward (a compiled forward then reads
+    only constant tensors), and Module.to carries the cached graphs along."""
+    model = small()
+    graph = model._graphs[(32, "cpu")]
+    want = segtree_graph(32, 1, True)
+    for a, b in zip(graph.groups, want.groups):
+        assert all(torch.equal(x, y) for x, y in
+                   zip((a.nodes, a.index, a.valid, a.etype), (b.nodes, b.index, b.valid, b.etype)))
+    x = torch.randint(0, 256, (2, 32))
+    before = model(x)
+    model.to(torch.float64)
+    assert set(model._graphs) == {(32, "cpu")}
+    assert model._graphs[(32, "cpu")].groups[0].index.dtype == torch.long  # only floats convert
+    torch.testing.assert_close(model(x), before.double(), atol=1e-5, rtol=1e-5)
