@@ -9,8 +9,9 @@ Generated from book/02_aux_losses.md (paired with nbs/02_aux_losses.ipynb).
 from __future__ import annotations
 
 __all__ = [
-    'next_byte_loss', 'intermediate_weight', 'layer_weights', 'AuxLossConfig',
-    'AuxLosses', 'AuxObjective', 'sliding_windows', 'evaluate_bpc_sliding',
+    'next_byte_loss', 'intermediate_weight', 'layer_weights', 'ahead_pairs',
+    'AuxLossConfig', 'AuxLosses', 'AuxObjective', 'sliding_windows',
+    'evaluate_bpc_sliding',
 ]
 
 import math
@@ -55,6 +56,17 @@ def intermediate_weight(layer: int, n_layer: int, progress: float) -> float:
 def layer_weights(n_layer: int, progress: float) -> list[float]:
     """Loss weight of every layer 1..n_layer at progress p; the last layer always weighs 1."""
     return [intermediate_weight(l, n_layer, progress) for l in range(1, n_layer)] + [1.0]
+
+
+def ahead_pairs(h: torch.Tensor, targets: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair states h [B, T, C] with the byte j after the next: (h [B, T-j, C], targets [B, T-j]).
+
+    targets[:, t] is the byte after position t, so position t's j-ahead byte is targets[:, t + j].
+    """
+    T = targets.size(1)
+    if not 0 <= j < T:
+        raise ValueError(f"j={j} bytes past the next needs 0 <= j < T={T}")
+    return h[:, :T - j], targets[:, j:]
 
 
 @dataclass
@@ -122,7 +134,8 @@ class AuxLosses(nn.Module):
             if not top:
                 layers = layers + w * next_byte_loss(readout(h), targets, last_only=last_only)
             for j, head in enumerate(self.target_heads, start=1):  # predicts byte t + 1 + j
-                ahead = next_byte_loss(head(h[:, :T - j]), targets[:, j:], last_only=last_only)
+                h_j, y_j = ahead_pairs(h, targets, j)  # position t meets byte t + 1 + j
+                ahead = next_byte_loss(head(h_j), y_j, last_only=last_only)
                 extra = extra + w * c.target_weight * ahead
         return {"loss": final + layers + extra, "final": final, "layers": layers,
                 "targets": extra}

@@ -100,16 +100,25 @@ class MultiHeadAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer layer: x + attn(ln(x)), then x + ff(ln(x)); [B, T, C] -> [B, T, C]."""
+    """One transformer layer, [B, T, C] -> [B, T, C]. norm="pre" (default): x + attn(ln(x)),
+    then x + ff(ln(x)); norm="post" (the original transformer's): ln(x + attn(x)), then
+    ln(x + ff(x))."""
 
-    def __init__(self, d_model: int, d_inner: int, attn: nn.Module, *, dropout: float = 0.0):
+    def __init__(self, d_model: int, d_inner: int, attn: nn.Module, *, dropout: float = 0.0,
+                 norm: str = "pre"):
         super().__init__()
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm={norm!r} is unknown; expected 'pre' or 'post'")
         self.ln1, self.attn = nn.LayerNorm(d_model), attn
         self.ln2 = nn.LayerNorm(d_model)
         self.ff = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Linear(d_inner, d_model))
         self.drop = nn.Dropout(dropout)
+        self.norm = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm == "post":
+            x = self.ln1(x + self.drop(self.attn(x)))
+            return self.ln2(x + self.drop(self.ff(x)))
         x = x + self.drop(self.attn(self.ln1(x)))
         return x + self.drop(self.ff(self.ln2(x)))
 
@@ -136,6 +145,7 @@ class CharTransformerConfig:
     block_size: int = 128
     dropout: float = 0.0
     pos: str = "per_layer"
+    norm: str = "pre"
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_inner", "block_size"):
@@ -144,6 +154,8 @@ class CharTransformerConfig:
         _check_heads(self.d_model, self.n_head)
         if self.pos not in POSITIONS:
             raise ValueError(f"pos={self.pos!r} is unknown; expected one of {POSITIONS}")
+        if self.norm not in ("pre", "post"):
+            raise ValueError(f"norm={self.norm!r} is unknown; expected 'pre' or 'post'")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.pos == "sinusoid" and self.d_model % 2:
@@ -176,7 +188,8 @@ class CharTransformer(nn.Module):
                     if c.pos == "per_layer" else None)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(c.d_model, c.d_inner, attention(c), dropout=c.dropout) for _ in range(c.n_layer))
+            Block(c.d_model, c.d_inner, attention(c), dropout=c.dropout, norm=c.norm)
+            for _ in range(c.n_layer))
         self.ln_f = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # tied input and output embeddings

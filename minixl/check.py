@@ -20,7 +20,8 @@ import torch
 __all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
            "sliding_windows", "shaw_attention", "rel_shift", "permutation_masks",
            "query_stream_mask", "rel_shift_bi", "leaf_context", "causal_tree_graph",
-           "gathered_attention"]
+           "gathered_attention", "ahead_pairs", "four_term_score", "memory_update",
+           "stream_batches"]
 
 
 def _ref(module: str, name: str) -> Callable:
@@ -654,3 +655,167 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
                     "each query's neighbours (the last dimension), then the weighted sum of v.")
         return _verdict("gathered_attention", f"{where}: {hint}", len(cases))
     return _verdict("gathered_attention", None, len(cases))
+
+
+# ---------------------------------------------------------------- Chapter 2: extra targets
+
+
+def ahead_pairs(fn: Callable[..., tuple]) -> bool:
+    """Check fn(h [B, T, C], targets [B, T], j) -> (h kept, targets kept): Chapter 2's extra
+    targets, where position t's state predicts the byte j steps after the next one."""
+    cases = [(1, 8, 1), (2, 8, 2), (1, 5, 4), (3, 6, 0)]
+    for B, T, j in cases:
+        # Position t of the window holds t in every channel; targets[t] is byte t + 1 (the
+        # next byte), so a correct pair reads (t, t + 1 + j).
+        h = torch.arange(T, dtype=torch.float).repeat(B, 3, 1).transpose(1, 2)  # (B, T, 3)
+        targets = torch.arange(1, T + 1).repeat(B, 1)  # (B, T)
+        got, err = _call(fn, h.clone(), targets.clone(), j)
+        if err:
+            return _verdict("ahead_pairs", err, len(cases))
+        where = f"for T={T}, j={j}"
+        try:
+            kept_h, kept_t = got
+            shapes = (tuple(kept_h.shape), tuple(kept_t.shape))
+        except (TypeError, ValueError, AttributeError):
+            return _verdict("ahead_pairs", f"{where}: expected a pair (h kept [B, T - j, C], "
+                            f"targets kept [B, T - j]), got {got!r}", len(cases))
+        want = ((B, T - j, 3), (B, T - j))
+        if shapes != want:
+            hint = ("one position too few: the byte j after the next exists for the first T - j "
+                    "positions" if shapes[1][-1:] == (T - j - 1,) else
+                    "the byte j after the next exists for the first T - j positions")
+            return _verdict("ahead_pairs", f"{where}: shapes {shapes}, expected {want}: {hint}.",
+                            len(cases))
+        pos, byte = kept_h[0, :, 0].long(), kept_t[0].long()  # which position predicts which byte
+        if torch.equal(byte - pos, torch.full_like(pos, 1 + j)):
+            continue
+        gap = (byte - pos)[0].item()
+        if gap == 1 and j:
+            hint = "each position predicts its next byte: that is the main loss, not j ahead"
+        elif gap < 0 or (j and gap == 1 - j):
+            hint = ("positions predict bytes before them: keep the first T - j states and drop "
+                    "the first j targets, not the other way round")
+        elif gap == 2 + j:
+            hint = ("one step too far: targets[t] is already the next byte, so the byte j after "
+                    "it is targets[t + j]")
+        else:
+            hint = f"position t must predict byte t + 1 + j = t + {1 + j}; it predicts t + {gap}"
+        return _verdict("ahead_pairs", f"{where}: position 0 predicts byte {byte[0].item()}: "
+                        f"{hint}.", len(cases))
+    return _verdict("ahead_pairs", None, len(cases))
+
+
+# ---------------------------------------------------------------- Chapter 4: Transformer-XL
+
+
+def four_term_score(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(q [B, H, Tq, D], k [B, H, Tk, D], r_pair [H, Tq, Tk, D], u, v [H, D]) ->
+    [B, H, Tq, Tk]: Transformer-XL's unscaled score, terms (a) + (b) + (c) + (d)."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(1, 1, 3, 3, 4), (2, 3, 4, 7, 5), (1, 2, 1, 6, 8)]
+    for B, H, Tq, Tk, D in cases:
+        q, k = torch.randn(B, H, Tq, D, generator=g), torch.randn(B, H, Tk, D, generator=g)
+        r = torch.randn(H, Tq, Tk, D, generator=g)
+        u, v = torch.randn(H, D, generator=g), torch.randn(H, D, generator=g)
+        where = f"for B, H, Tq, Tk, D = {B, H, Tq, Tk, D}"
+        got, err = _call(fn, q.clone(), k.clone(), r.clone(), u.clone(), v.clone())
+        if err:
+            return _verdict("four_term_score", f"{where}: {err}", len(cases))
+        if not isinstance(got, torch.Tensor) or got.shape != (B, H, Tq, Tk):
+            found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return _verdict("four_term_score", f"{where}: the output is {found}, expected "
+                            f"{(B, H, Tq, Tk)}", len(cases))
+        terms = {"a": q @ k.transpose(-2, -1), "b": torch.einsum("bhid,hijd->bhij", q, r),
+                 "c": (u[:, None, :] @ k.transpose(-2, -1)).expand(B, H, Tq, Tk),
+                 "d": (r @ v[:, None, :, None]).squeeze(-1).expand(B, H, Tq, Tk)}
+        want = sum(terms.values())
+        if torch.allclose(got, want, atol=1e-4):
+            continue
+        swapped = terms["a"] + terms["b"] + u[:, None, None, :].mul(r).sum(-1) + (
+            v[:, None, :] @ k.transpose(-2, -1))
+        if torch.allclose(got, want / math.sqrt(D), atol=1e-4):
+            hint = ("it is divided by sqrt(D): the checker wants the unscaled score (the "
+                    "layer scales it once, after the four terms)")
+        elif torch.allclose(got, swapped, atol=1e-4):
+            hint = ("u and v are swapped: u goes with the content keys (term c), v with the "
+                    "distances (term d)")
+        else:
+            missing = [t for t in terms if torch.allclose(got, want - terms[t], atol=1e-4)]
+            hint = (f"term ({missing[0]}) is missing" if missing else
+                    "it differs from (a) + (b) + (c) + (d) = q.k_j + q.r_ij + u.k_j + v.r_ij")
+        return _verdict("four_term_score", f"{where}: {hint}.", len(cases))
+    return _verdict("four_term_score", None, len(cases))
+
+
+def memory_update(fn: Callable[..., list]) -> bool:
+    """Check fn(inputs, mems, mem_len) -> new mems: per layer the last mem_len rows of
+    [mem; input] ([B, <= mem_len, C]), detached from the graph."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(2, 3, 4, 5), (1, 0, 4, 3), (2, 6, 3, 4), (1, 2, 3, 0)]  # B, M, T, mem_len
+    for B, M, T, mem_len in cases:
+        inputs = [torch.randn(B, T, 3, generator=g).requires_grad_() for _ in range(2)]
+        mems = [torch.randn(B, M, 3, generator=g) for _ in range(2)]
+        where = f"for a memory of {M}, a segment of {T} and mem_len={mem_len}"
+        got, err = _call(fn, [h * 1 for h in inputs], [m.clone() for m in mems], mem_len)
+        if err:
+            return _verdict("memory_update", f"{where}: {err}", len(cases))
+        if not isinstance(got, (list, tuple)) or len(got) != 2:
+            return _verdict("memory_update", f"{where}: expected a list of one tensor per "
+                            f"layer (2), got {type(got).__name__}", len(cases))
+        for h, m, new in zip(inputs, mems, got):
+            cat = torch.cat([m, h.detach()], dim=1)
+            want = cat[:, max(0, cat.size(1) - mem_len):]
+            if not isinstance(new, torch.Tensor) or new.shape != want.shape:
+                found = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+                return _verdict("memory_update", f"{where}: a layer's memory is {found}, "
+                                f"expected {tuple(want.shape)}: keep min(mem_len, M + T) rows",
+                                len(cases))
+            if not torch.equal(new.detach(), want):
+                if torch.equal(new.detach(), cat[:, :want.size(1)]):
+                    hint = "it keeps the oldest rows; the memory keeps the most recent ones"
+                elif torch.equal(new.detach(), torch.cat([h.detach(), m], 1)[:, -want.size(1):]):
+                    hint = "the segment is put before the memory; the order is [mem; input]"
+                else:
+                    hint = "the rows differ from the last mem_len rows of [mem; input]"
+                return _verdict("memory_update", f"{where}: {hint}.", len(cases))
+            if new.requires_grad:
+                return _verdict("memory_update", f"{where}: the new memory is still attached "
+                                "to the graph; detach it (stop-gradient), or every step "
+                                "backpropagates into all earlier segments.", len(cases))
+    return _verdict("memory_update", None, len(cases))
+
+
+def stream_batches(fn: Callable[..., object]) -> bool:
+    """Check fn(data [N], batch_size, seg_len) -> iterable of (x, y) [B, <= seg_len]: B
+    contiguous streams, read in consecutive segments, y the byte after each x."""
+    ref = _ref("data", "stream_batches")
+    cases = [(101, 4, 8), (64, 2, 5), (37, 3, 12), (20, 1, 4)]
+    for N, B, L in cases:
+        data = torch.arange(N) % 251
+        where = f"for {N} bytes, batch_size={B}, seg_len={L}"
+        got, err = _call(lambda: [tuple(p) for p in fn(data.clone(), B, L)])
+        if err:
+            return _verdict("stream_batches", f"{where}: {err}", len(cases))
+        want = list(ref(data, B, L))
+        if len(got) != len(want):
+            return _verdict("stream_batches", f"{where}: {len(got)} batches, expected "
+                            f"{len(want)} (each stream holds (N - 1) // B = {(N - 1) // B} "
+                            "inputs, cut into segments; the last may be shorter)", len(cases))
+        for n, ((x, y), (wx, wy)) in enumerate(zip(got, want)):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                    and x.shape == wx.shape and y.shape == wy.shape):
+                return _verdict("stream_batches", f"{where}: batch {n} is not x, y of shape "
+                                f"{tuple(wx.shape)}", len(cases))
+            if torch.equal(x.long(), wx) and torch.equal(y.long(), wy):
+                continue
+            if torch.equal(x.long(), wx) and torch.equal(y.long(), wx):
+                hint = "y equals x; y is the next byte of each x (shifted by one)"
+            elif B > 1 and x[1, 0].item() == data[1].item():
+                hint = ("the streams interleave the bytes (row b = data[b::B]); each row must "
+                        "be one contiguous stretch of text, so that it reads on from the "
+                        "previous batch's row")
+            else:
+                hint = (f"batch {n} differs: row b must hold bytes b * n + {n * L} onwards of "
+                        f"the text, n = (N - 1) // B, continuing row b of the batch before")
+            return _verdict("stream_batches", f"{where}: {hint}.", len(cases))
+    return _verdict("stream_batches", None, len(cases))

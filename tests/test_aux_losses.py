@@ -72,6 +72,19 @@ def test_multiple_targets_weigh_one_half():
                                      readout=model.readout)["targets"], want / 2)
 
 
+def test_ahead_pairs_meet_position_t_with_byte_t_plus_one_plus_j():
+    from minixl import ahead_pairs
+    x = torch.randint(0, 256, (2, 11))
+    h, y = x[:, :-1, None].float(), x[:, 1:]  # h[t] carries byte t, y[t] is byte t + 1
+    for j in range(4):
+        kept_h, kept_y = ahead_pairs(h, y, j)
+        assert kept_h.shape == (2, 10 - j, 1) and kept_y.shape == (2, 10 - j)
+        assert torch.equal(kept_y, x[:, 1 + j:])  # byte t + 1 + j for position t = 0..T-1-j
+        assert torch.equal(kept_h[..., 0].long(), x[:, :10 - j])
+    with pytest.raises(ValueError, match="needs 0 <= j < T=10"):
+        ahead_pairs(h, y, 10)
+
+
 def test_intermediate_layers_follow_the_schedule():
     model, aux, logits, hidden, y = setup_model(AuxLossConfig(layers=2.0))
     for p in (0.0, 0.1, 0.2, 0.5):

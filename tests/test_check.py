@@ -37,7 +37,8 @@ def test_every_checker_is_tested():
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
                                   "rel_shift", "permutation_masks", "query_stream_mask",
                                   "rel_shift_bi", "leaf_context", "causal_tree_graph",
-                                  "gathered_attention"}
+                                  "gathered_attention", "ahead_pairs", "four_term_score",
+                                  "memory_update", "stream_batches"}
 
 
 def test_causal_mask_checker_explains_memory_and_inversion(capsys):
@@ -446,3 +447,74 @@ def test_gathered_attention_checker_names_the_slip(capsys):
     fails_with(capsys, check.gathered_attention,
                lambda q, k, v, index, valid: gathered(q, k, v, index, valid).transpose(1, 2),
                "expected shape")
+
+
+def test_ahead_pairs_checker_passes_the_reference_and_names_the_slips(capsys):
+    assert check.ahead_pairs(minixl.ahead_pairs) is True
+    assert capsys.readouterr().out.startswith("PASS ahead_pairs: all ")
+    T = lambda y: y.size(1)  # noqa: E731
+    fails_with(capsys, check.ahead_pairs, lambda h, y, j: (h[:, :T(y) - j], y[:, :T(y) - j]),
+               "for T=8, j=1", "predicts its next byte")
+    fails_with(capsys, check.ahead_pairs, lambda h, y, j: (h[:, j:], y[:, :T(y) - j]),
+               "predict bytes before them")
+    fails_with(capsys, check.ahead_pairs,
+               lambda h, y, j: (h[:, :T(y) - j - 1], y[:, j + 1:]), "one position too few")
+    fails_with(capsys, check.ahead_pairs, lambda h, y, j: h, "expected a pair")
+    fails_with(capsys, check.ahead_pairs, lambda h, y, j: 1 / 0, "ZeroDivisionError")
+
+
+def test_transformer_xl_checkers_pass_the_reference_and_name_each_slip(capsys):
+    from minixl.data import stream_batches
+    from minixl.transformer_xl import TransformerXL, TransformerXLConfig, rel_scores_naive
+
+    model = TransformerXL(TransformerXLConfig(n_layer=1, d_model=8, n_head=1, d_head=8,
+                                              d_inner=8))
+    for name, reference in [("four_term_score", rel_scores_naive), ("stream_batches",
+                            stream_batches), ("memory_update", model.update_mems)]:
+        assert getattr(check, name)(reference) is True
+        assert capsys.readouterr().out.startswith(f"PASS {name}: all ")
+
+    def without(term):
+        def fn(q, k, r, u, v):
+            s = rel_scores_naive(q, k, r, u, v)
+            if term == "c":
+                return s - u[:, None, :] @ k.transpose(-2, -1)
+            return s - (r @ v[:, None, :, None]).squeeze(-1)
+        return fn
+
+    fails_with(capsys, check.four_term_score, without("c"), "term (c) is missing")
+    fails_with(capsys, check.four_term_score, without("d"), "term (d) is missing")
+    fails_with(capsys, check.four_term_score, lambda q, k, r, u, v: rel_scores_naive(
+        q, k, r, v, u), "u and v are swapped")
+    fails_with(capsys, check.four_term_score, lambda q, k, r, u, v: rel_scores_naive(
+        q, k, r, u, v) / q.size(-1) ** 0.5, "divided by sqrt(D)")
+
+    def oldest(inputs, mems, mem_len):
+        return [torch.cat([m, h], 1)[:, :min(mem_len, m.size(1) + h.size(1))].detach()
+                for h, m in zip(inputs, mems)]
+
+    def attached(inputs, mems, mem_len):
+        return [torch.cat([m, h], 1)[:, max(0, m.size(1) + h.size(1) - mem_len):]
+                for h, m in zip(inputs, mems)]
+
+    def reversed_order(inputs, mems, mem_len):
+        return [torch.cat([h, m], 1)[:, max(0, m.size(1) + h.size(1) - mem_len):].detach()
+                for h, m in zip(inputs, mems)]
+
+    fails_with(capsys, check.memory_update, oldest, "keeps the oldest rows")
+    fails_with(capsys, check.memory_update, attached, "still attached", "detach")
+    fails_with(capsys, check.memory_update, reversed_order, "[mem; input]")
+
+    def interleaved(data, B, L):
+        n = (len(data) - 1) // B
+        x_all = data[:n * B].long().view(n, B).T
+        y_all = data[1:n * B + 1].long().view(n, B).T
+        return [(x_all[:, s:s + L], y_all[:, s:s + L]) for s in range(0, n, L)]
+
+    def unshifted(data, B, L):
+        return [(x, x) for x, _ in stream_batches(data, B, L)]
+
+    fails_with(capsys, check.stream_batches, interleaved, "interleave")
+    fails_with(capsys, check.stream_batches, unshifted, "y equals x")
+    fails_with(capsys, check.stream_batches, lambda d, B, L: list(stream_batches(d, B, L))[:-1],
+               "batches, expected")

@@ -182,3 +182,27 @@ def test_generate_top_k_one_is_greedy():
     m = model()
     out = generate(m, torch.arange(3), 1, top_k=1)
     assert out[-1] == m(torch.arange(3)[None])[0, -1].argmax()
+
+
+def test_post_norm_block_normalises_after_each_residual_sum_and_pre_is_the_default():
+    from minixl.char_transformer import Block
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4)
+    post = Block(32, 64, attn, norm="post")
+    with torch.no_grad():
+        for ln in (post.ln1, post.ln2):  # non-trivial affine parameters
+            ln.weight.uniform_(0.5, 1.5), ln.bias.normal_()
+    x = torch.randn(2, 7, 32)
+    mid = post.ln1(x + attn(x))
+    torch.testing.assert_close(post(x), post.ln2(mid + post.ff(mid)))
+    pre = Block(32, 64, attn)
+    pre.load_state_dict(post.state_dict())
+    y = x + attn(pre.ln1(x))
+    torch.testing.assert_close(pre(x), y + pre.ff(pre.ln2(y)))
+    assert not torch.allclose(pre(x), post(x), atol=1e-3)
+    assert CharTransformerConfig().norm == "pre"
+    assert all(b.norm == "post" for b in model(norm="post").blocks)
+    with pytest.raises(ValueError, match="norm='mid' is unknown; expected 'pre' or 'post'"):
+        CharTransformerConfig(norm="mid")
+    with pytest.raises(ValueError, match="expected 'pre' or 'post'"):
+        Block(32, 64, attn, norm="Post")
