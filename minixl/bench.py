@@ -34,7 +34,6 @@ from .experiments import write_csv  # atomic CSV writing, shared with the experi
 from .device import autocast, resolve_device
 from .models import KINDS, PAPER_PRESETS, ModelKind, model_from_checkpoint, resolve_preset
 from .segtree import LAYER_METHODS
-from .trainer import next_byte_objective, train_step
 
 __all__ = ["PEAKS", "peak_tflops", "bench", "segtree_suite", "models_suite", "hf_xl_suite",
            "xl_eval_suite", "shaw_suite", "sliding_nll", "write_csv", "markdown_table", "Suite", "SUITES",
@@ -66,6 +65,9 @@ def bench(kind: ModelKind, model_cfg, *, batch_size: int = 32, steps: int = 20, 
     dev = resolve_device(device)
     torch.manual_seed(0)
     model = kind.build(model_cfg).to(dev)
+    from .trainer import next_byte_objective, train_step  # only when timing: `minixl
+    # sample` and `eval` build the parser, which lists the suites, but never train
+
     objective = kind.objective(model_cfg, *aux) or next_byte_objective
     own = objective.to(dev) if isinstance(objective, torch.nn.Module) else None
     if compile:

@@ -149,7 +149,9 @@ def test_environment_yml_matches_pyproject_and_makefile():
     assert torch_req.specifier.contains(torch_pin)
     extras = re.search(r'pip install --quiet -e "\.\[([a-z,]+)\]"', makefile).group(1)
     assert f"-e .[{extras}]" in pip
-    assert set(extras.split(",")) == set(project["optional-dependencies"])
+    # every extra but hf-transfoxl, which pins transformers 4.37 for one benchmark and so
+    # cannot share an environment with dev's transformers 5 (README, Benchmarks)
+    assert set(extras.split(",")) == set(project["optional-dependencies"]) - {"hf-transfoxl"}
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert Requirement("python" + project["requires-python"]).specifier.contains(python[7:] + ".0")
 
@@ -280,8 +282,8 @@ def test_sampling_and_evaluating_from_the_cli_never_load_the_trainer(char_run):
         f"assert main(['eval', '--checkpoint', {ckpt!r}, '--max-bytes', '200', "
         "'--device', 'cpu']) == 0")
     assert "bpc" in out
-    assert "minixl.cli" in loaded and "minixl.trainer" not in loaded
-    assert "minixl.bench" not in loaded
+    assert "minixl.cli" in loaded and "minixl.trainer" not in loaded  # bench lists its suites
+    # for the parser, but loads the trainer only to time it
 
 
 def test_the_package_offers_every_public_name_and_every_module():
