@@ -310,19 +310,20 @@ class TransformerXL(nn.Module):
         check_attention_impl(c.attention_impl, clamp_len=clamp_len)
         return mem_len, clamp_len
 
-    def embed(self, tokens: torch.Tensor, M: int, clamp_len: int):
+    def embed(self, tokens: torch.Tensor, M: int, clamp_len: int, positions: bool = True):
         """What every layer shares, built once per forward: the scaled embeddings h [B, T, C],
-        R for distances Tk-1..0 (None for pos="absolute") and the mask over Tk = M + T keys."""
+        R for distances Tk-1..0 (None for pos="absolute", or positions=False: the caller has
+        W_kR R already) and the mask over Tk = M + T keys."""
         c, T = self.config, tokens.size(1)
         h = self.word_emb(tokens) * math.sqrt(c.d_model)  # (B, T, C)
         pos_emb = None
-        if c.pos == "relative":
+        if c.pos == "absolute":  # the same U_1..U_T in every segment (section 4.3)
+            h = h + sinusoid_positions(T, c.d_model, device=h.device)
+        elif positions:
             dist = torch.arange(M + T - 1, -1, -1, device=tokens.device)  # Tk-1, ..., 0
             pos_emb = relative_positions(dist, c.d_model, clamp_len).to(h.dtype)
             if c.attention_impl == "eager":  # the fused path uses R only through its formula
                 pos_emb = self.drop(pos_emb)
-        else:  # the same U_1..U_T in every segment (section 4.3)
-            h = h + sinusoid_positions(T, c.d_model, device=h.device)
         return self.drop(h), pos_emb, attention_mask(c.attention_impl, T, M + T, tokens.device)
 
     def step(self, tokens: torch.Tensor, state=None, *, kv_cache: bool | None = None, **kw):
@@ -441,9 +442,10 @@ def xl_forward_cached(model: nn.Module, tokens: torch.Tensor, cache=None, *,
         raise ValueError(f"the KVCache must hold {c.n_layer} keys and values [B={B}, H={H}, M, "
                          f"D={D}] of one length M")
     mem_len, clamp_len = model._lengths(mem_len, clamp_len)
-    h, pos_emb, mask = model.embed(tokens, M, clamp_len)
+    cached_positions = c.pos == "relative" and c.attention_impl == "eager"  # W_kR R kept
+    h, pos_emb, mask = model.embed(tokens, M, clamp_len, positions=not cached_positions)
     table, r_ks = None, [None] * c.n_layer
-    if c.pos == "relative" and c.attention_impl == "eager":
+    if cached_positions:
         table, r_ks = position_keys(model, cache, M + T, clamp_len, h.dtype)
     keys, values, keep = [], [], max(0, M + T - mem_len)
     for layer, k_mem, v_mem, r_k in zip(model.layers, cache.keys, cache.values, r_ks):
