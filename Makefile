@@ -1,12 +1,5 @@
 # minixl: every target sets up its own virtual environment (.venv) from this
-# repo's files and reuses it when present.
-#   make lab     open the book in JupyterLab
-#   make test    every check: pairs in sync, library up to date, pytest, and
-#                notebooks match their stored outputs within their time budget
-#   make train   train a small model on the default corpus on the CPU
-#   make run     execute every chapter in place (refresh stored outputs)
-#   make export  write the minixl modules from the chapters' export cells
-#   make sync    bring each book/*.md and nbs/*.ipynb pair in step
+# repo's files and reuses it when present. `make help` lists the targets.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,38 +13,60 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with .ci/nbval_sanitize.cf
 # that depends on floating-point rounding fails here, not on a reader's machine.
 PORTABLE := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-.PHONY: setup lab test check train run export sync clean
+# The browser that `make test-browser` drives (any Chromium or Chrome). When it is missing
+# on a Debian or Ubuntu machine, the target installs Debian's chromium package.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-setup: $(STAMP)
+.PHONY: help setup lab test check html test-browser train run export sync clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
+
+setup: $(STAMP) ## create .venv from pyproject.toml (every target does it first)
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "minixl needs Python 3.10 or newer; found " + sys.version.split()[0] + ". Set PYTHON=/path/to/python3.x")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[book,dev]"
+	$(PY) -m pip install --quiet -e ".[book,dev,site]"
 	touch $@
 
-lab: $(STAMP)
+lab: $(STAMP) ## open the book in JupyterLab
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) nbs/00_preface.ipynb
 
-check: $(STAMP)
+check: $(STAMP) ## pairs in sync and minixl up to date with the chapters
 	$(PY) minixl/_book.py check
 
-test: check
+test: check ## every check: pytest, and notebooks match their stored outputs in budget
 	$(PY) -m pytest -q tests
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
 
-train: $(STAMP)
+html: check ## the book as a website in _build/html (stored outputs, offline)
+	$(PY) minixl/_site.py --out _build/html
+
+test-browser: html ## JupyterLab and the website in headless Chromium (Playwright)
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if command -v apt-get >/dev/null; then \
+	    echo "test-browser: no browser at $(CHROMIUM); installing Debian's chromium package with apt-get (set CHROMIUM=/path/to/chrome to use another)"; \
+	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "test-browser: no browser at $(CHROMIUM); install Chromium or Chrome and run make test-browser CHROMIUM=/path/to/it" >&2; exit 1; \
+	  fi; \
+	fi
+	MINIXL_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q --browser tests/test_browser.py
+
+train: $(STAMP) ## train a small model on the default corpus on the CPU
 	$(PY) -m minixl train --preset tiny --corpus pydoc --out runs/tiny --overwrite
 
-run: $(STAMP)
+run: $(STAMP) ## execute every chapter in place (refresh stored outputs)
 	$(PY) minixl/_book.py run
 
-export: $(STAMP)
+export: $(STAMP) ## write the minixl modules from the chapters' export cells
 	$(PY) minixl/_book.py export
 
-sync: $(STAMP)
+sync: $(STAMP) ## bring each book/*.md and nbs/*.ipynb pair in step
 	$(VENV)/bin/jupytext --sync book/*.md
 
-clean:
-	rm -rf $(VENV) runs .pytest_cache
+clean: ## remove .venv, runs/ and the built site
+	rm -rf $(VENV) runs .pytest_cache _build

@@ -74,3 +74,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--browser", action="store_true",
+                     help="also run the browser tests (tests/test_browser.py; make test-browser)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--browser"):
+        return
+    skip = pytest.mark.skip(reason="browser test: run with --browser (make test-browser)")
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(skip)

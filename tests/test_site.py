@@ -1,0 +1,82 @@
+"""`make html`: the website is built from the stored notebooks, and a warning fails it."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = [sys.executable, str(ROOT / "minixl" / "_site.py")]
+
+needs_jupyter_book = pytest.mark.skipif(
+    shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) is None,
+    reason="the site extra is not installed: pip install -e '.[site]'")
+
+
+def test_the_api_page_documents_every_module():
+    api = (ROOT / "book" / "site" / "api.md").read_text()
+    modules = sorted(p.stem for p in (ROOT / "minixl").glob("[a-z]*.py") if p.stem != "__main__")
+    missing = [m for m in modules if f".. automodule:: minixl.{m}\n" not in api]
+    assert not missing, f"book/site/api.md does not document {missing}"
+
+
+def test_the_table_of_contents_lists_every_chapter():
+    toc = (ROOT / "book" / "site" / "_toc.yml").read_text()
+    for md in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        assert f"nbs/{md.stem}\n" in toc, md.stem
+
+
+def test_the_readme_figure_exists_and_is_small():
+    readme = (ROOT / "README.md").read_text()
+    first_screen = readme[:readme.index("## What is in it")]
+    figures = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", first_screen)
+    assert figures, "the README's first screen shows no figure"
+    for figure in figures:
+        assert (ROOT / figure).stat().st_size < 200_000, figure
+    assert "make lab" in first_screen and "make test" in first_screen
+
+
+def _build(tmp_path: Path, extra_markdown: str | None) -> subprocess.CompletedProcess:
+    """Build the site from a copy of nbs/ whose preface ends with `extra_markdown`."""
+    nbs = tmp_path / "nbs"
+    shutil.copytree(ROOT / "nbs", nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    if extra_markdown:
+        preface = nbs / "00_preface.ipynb"
+        nb = json.loads(preface.read_text())
+        nb["cells"].append({"cell_type": "markdown", "id": "added-by-test", "metadata": {},
+                            "source": [extra_markdown]})
+        preface.write_text(json.dumps(nb))
+    return subprocess.run(SITE + ["--nbs", str(nbs), "--work", str(tmp_path / "work"),
+                                  "--out", str(tmp_path / "html")],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+@needs_jupyter_book
+def test_the_site_builds_with_every_chapter_its_notebook_and_the_api(tmp_path):
+    done = _build(tmp_path, None)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    html = tmp_path / "html"
+    for md in sorted((ROOT / "book").glob("[0-9][0-9]_*.md")):
+        page = (html / "nbs" / f"{md.stem}.html").read_text()
+        assert f"{md.stem}.ipynb" in page  # the download button offers the notebook
+        assert (html / "_sources" / "nbs" / f"{md.stem}.ipynb").exists()
+    api = (html / "api.html").read_text()
+    assert 'id="minixl.transformer_xl.rel_shift"' in api
+    assert (html / "_static" / "mathjax" / "tex-svg.js").exists()  # equations offline
+    assert "unpkg.com" not in (html / "nbs" / "00_preface.html").read_text().replace(
+        'THEBE_JS_URL = "https://unpkg.com', "")  # nothing else is fetched from a CDN
+
+
+@needs_jupyter_book
+def test_a_broken_link_or_a_missing_figure_fails_the_build(tmp_path):
+    done = _build(tmp_path, "See [chapter 9](../nbs/09_missing.ipynb) and "
+                            "![a figure](no_such_figure.png).")
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "09_missing" in out and "no_such_figure.png" in out
+    assert "each is an error here" in out
+    assert not (tmp_path / "html").exists()  # no half-built site is left to be mistaken
