@@ -19,6 +19,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The site's front door sends the reader to the preface. Jupyter Book writes a bare redirect;
+# this one also names the site's icon, so that a browser does not ask for a missing
+# /favicon.ico (a console error) before it follows the redirect.
+INDEX = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>minixl</title>
+<link rel="icon" href="_static/favicon.svg">
+<meta http-equiv="refresh" content="0; url=nbs/00_preface.html">
+</head>
+<body><p><a href="nbs/00_preface.html">minixl: start with the preface</a></p></body>
+</html>
+"""
 SITE_CONFIG = ROOT / "book" / "site"
 NBS = ROOT / "nbs"
 
@@ -57,6 +71,7 @@ def build(out: Path, *, nbs: Path = NBS, work: Path = ROOT / "_build") -> int:
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(built / "_build" / "html", out)
+    (out / "index.html").write_text(INDEX)
     print(f"site built: open {out / 'index.html'}")
     return 0
 

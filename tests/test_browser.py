@@ -178,6 +178,9 @@ def test_every_site_page_loads_without_errors_or_broken_links(browser, site):
 
 
 def test_the_site_renders_equations_figures_links_and_the_api(browser, site):
+    _, page = visit(browser, site, site)
+    page.wait_for_url(site + "nbs/00_preface.html")  # the front door leads to the preface
+    page.close()
     _, page = visit(browser, site + "nbs/00_preface.html", site)
     assert page.locator('mjx-container[display="true"] svg').count() >= 1  # the bpc formula
     chapters = page.eval_on_selector_all("a.reference.internal[href]", "els => els.map(e => e.href)")

@@ -64,6 +64,8 @@ def test_the_site_builds_with_every_chapter_its_notebook_and_the_api(tmp_path):
         page = (html / "nbs" / f"{md.stem}.html").read_text()
         assert f"{md.stem}.ipynb" in page  # the download button offers the notebook
         assert (html / "_sources" / "nbs" / f"{md.stem}.ipynb").exists()
+    front = re.search(r'http-equiv="refresh" content="0; url=([^"]+)"', (html / "index.html").read_text())
+    assert front and (html / front.group(1)).exists()  # the front door leads to the preface
     api = (html / "api.html").read_text()
     assert 'id="minixl.transformer_xl.rel_shift"' in api
     assert (html / "_static" / "mathjax" / "tex-svg.js").exists()  # equations offline
