@@ -73,6 +73,7 @@ _NAMES = {
     'decay_groups': 'trainer',
     'decays': 'trainer',
     'default_attention': 'char_transformer',
+    'distance_weights': 'relative_attention',
     'edge_type': 'segtree',
     'eval_mode': 'char_transformer',
     'evaluate': 'evaluation',

@@ -280,8 +280,8 @@ def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int,
                  batch_size: int = 16) -> float:
-    """Bits per byte of data [N]: windows of seq_len (the last one shorter), every position
-    scored once; the model is read through step(tokens), with no state."""
+    """Bits per byte of data, a 1-D tensor of bytes: windows of seq_len (the last one shorter),
+    every position scored once; the model is read through step(tokens), with no state."""
     if len(data) < 2 or seq_len < 1 or batch_size < 1:
         raise ValueError(f"need at least 2 bytes, seq_len >= 1 and batch_size >= 1, got "
                          f"{len(data)}, {seq_len} and {batch_size}")

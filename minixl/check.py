@@ -18,10 +18,11 @@ import torch
 
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions", "intermediate_weight",
-           "sliding_windows", "shaw_attention", "rel_shift", "permutation_masks",
+           "sliding_windows", "shaw_attention", "relative_index", "distance_weights",
+           "rel_shift", "permutation_masks",
            "query_stream_mask", "rel_shift_bi", "leaf_context", "causal_tree_graph",
            "gathered_attention", "ahead_pairs", "four_term_score", "memory_update",
-           "stream_batches"]
+           "stream_batches", "xl_two_segments"]
 
 
 def _ref(module: str, name: str) -> Callable:
@@ -101,6 +102,8 @@ def attention(fn: Callable[..., torch.Tensor]) -> bool:
             unscaled = ref(q * math.sqrt(D), k, v, mask)
             if torch.allclose(got, unscaled, atol=1e-4):
                 hint = "the scores are not divided by sqrt(D), the width of a head."
+            elif torch.allclose(got, ref(q / math.sqrt(D), k, v, mask), atol=1e-5):
+                hint = "the scores are divided by D; divide them by sqrt(D) instead."
             elif mask is not None and torch.allclose(got, ref(q, k, v), atol=1e-5):
                 hint = "the mask is ignored: queries see keys they should not."
             elif mask is not None and torch.isnan(got).any():
@@ -819,3 +822,232 @@ def stream_batches(fn: Callable[..., object]) -> bool:
                         f"the text, n = (N - 1) // B, continuing row b of the batch before")
             return _verdict("stream_batches", f"{where}: {hint}.", len(cases))
     return _verdict("stream_batches", None, len(cases))
+
+
+def _xl_runner(model, calls: list) -> Callable:
+    """run(tokens, mems) -> (logits, hidden) over one segment of a TransformerXL: hidden are
+    the layers' inputs for this segment, still attached to the graph. Each call appends
+    (tokens, its embeddings as a leaf tensor) to calls, so that a gradient can be traced."""
+
+    def run(tokens, mems=None):
+        hidden = []
+
+        def as_leaf(module, args, out):
+            calls.append((tokens, out.detach().requires_grad_(True)))
+            return calls[-1][1]
+
+        hooks = [layer.register_forward_pre_hook(lambda mod, args: hidden.append(args[0]))
+                 for layer in model.layers]
+        hooks.append(model.word_emb.register_forward_hook(as_leaf))
+        try:
+            logits, _ = model(tokens, mems, mem_len=0)  # the memory is the caller's to build
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return logits, hidden
+
+    return run
+
+
+def _xl_two(run, tokens, split, mems, keep, *, new_first=False, carry=True):
+    """The reference two-segment pass, or a slip of it: second-segment logits only."""
+    _, hidden = run(tokens[:, :split], mems)
+    if carry:
+        cat = [torch.cat([h, m] if new_first else [m, h], dim=1) for m, h in zip(mems, hidden)]
+        mems = [c[:, c.size(1) - min(keep, c.size(1)):].detach() for c in cat]
+    return run(tokens[:, split:], mems if carry else None)[0]
+
+
+def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(run, tokens, split, mems, mem_len) -> logits [B, T, V]: tokens [B, T] read as
+    two segments, tokens[:, :split] from the memory mems, then the rest from the memory that
+    the first left. run(tokens, mems) -> (logits, hidden) is one segment of Chapter 4's
+    TransformerXL; hidden are its layers' inputs [B, T, C], what memories are made of.
+    With mem_len = M + split the result must equal one pass over all of tokens."""
+    XL, Config = _ref("transformer_xl", "TransformerXL"), _ref("transformer_xl",
+                                                               "TransformerXLConfig")
+    encode = _ref("data", "encode")
+    with torch.random.fork_rng():  # leave the caller's random state as it was
+        torch.manual_seed(0)
+        model = XL(Config(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8,
+                          mem_len=8)).eval()  # section 4.6's tiny model and seed
+    with torch.no_grad():  # weights 10 times their initial size: at init, attention is so
+        for name, p in model.named_parameters():  # flat that some slips move no logit by 1e-5
+            if p.dim() > 1 or name.endswith(("r_w_bias", "r_r_bias")):
+                p.mul_(10)
+    text = encode("segment one, then segment two!")[None]  # (1, 30), section 4.6's text
+    pair = torch.stack([encode("memory carries the first part "), text[0]])  # (2, 30)
+    with torch.no_grad():
+        prefixes = torch.stack([encode("before"), encode("prefix")])  # (2, 6)
+        start = model(prefixes, mem_len=6)[1]  # per layer [2, 6, C]
+    # (tokens, split, starting memory): section 4.6's own test first, then two streams
+    # that start from a memory of 6, where the order of [memory; segment] shows
+    cases = [(text, 13, model.init_mems(1)), (pair, 11, start)]
+    for tokens, split, mems in cases:
+        M = mems[0].size(1)
+        mem_len = M + split  # the shortest memory that holds all the first segment sees
+        where = (f"for tokens {tuple(tokens.shape)}, split={split}, a starting memory of {M} "
+                 f"and mem_len={mem_len}")
+        calls: list = []
+        run = _xl_runner(model, calls)
+        got, err = _call(fn, run, tokens, split, [m.clone() for m in mems], mem_len)
+        if err:
+            return _verdict("xl_two_segments", f"{where}: {err}", len(cases))
+        with torch.no_grad():
+            want = model(tokens, mems, mem_len=0)[0]  # one pass over the whole sequence
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return _verdict("xl_two_segments", f"{where}: the output is {found}, expected "
+                            f"{tuple(want.shape)}: the logits of both segments, in order",
+                            len(cases))
+        if not torch.allclose(got, want, atol=1e-4):
+            with torch.no_grad():
+                refs = {"no memory": _xl_two(run, tokens, split, mems, mem_len, carry=False),
+                        "old memory": run(tokens[:, split:], mems)[0],
+                        "new first": _xl_two(run, tokens, split, mems, mem_len, new_first=True)}
+                short = [k for k in range(mem_len)
+                         if torch.allclose(got[:, split:],
+                                           _xl_two(run, tokens, split, mems, k), atol=1e-4)]
+            second = got[:, split:]
+            if not torch.allclose(got[:, :split], want[:, :split], atol=1e-4):
+                swapped = torch.cat([want[:, split:], want[:, :split]], dim=1)
+                hint = ("the logits are in the wrong order; return [first segment; second "
+                        "segment]" if torch.allclose(got, swapped, atol=1e-4) else
+                        "the first segment's logits differ from one pass: run it from the "
+                        "memory you are given (mems)")
+            elif torch.allclose(second, refs["no memory"], atol=1e-4):
+                hint = ("the second segment ran without memory; carry the memory that the "
+                        "first segment left")
+            elif M and torch.allclose(second, refs["old memory"], atol=1e-4):
+                hint = ("the second segment ran from the old memory; add the first segment's "
+                        "hidden states to it")
+            elif M and torch.allclose(second, refs["new first"], atol=1e-4):
+                hint = ("the memory is concatenated as [segment; memory]; it must be [memory; "
+                        "segment], oldest first, as the positions count back from the query")
+            elif short:
+                hint = (f"the memory is too short: the second segment saw only the last "
+                        f"{short[-1]} states of each layer; keep the last mem_len = M + split = "
+                        f"{mem_len}")
+            else:
+                err_max = (second - want[:, split:]).abs().max().item()
+                hint = (f"the second segment's logits differ from one pass by up to "
+                        f"{err_max:.3g}")
+            return _verdict("xl_two_segments", f"{where}: {hint}.", len(cases))
+        firsts = [leaf for t, leaf in calls if torch.equal(t, tokens[:, :split])]
+        if firsts and got.requires_grad:
+            (grad,) = torch.autograd.grad(got[:, split:].sum(), firsts[0], allow_unused=True)
+            if grad is not None and grad.abs().max() > 0:
+                return _verdict("xl_two_segments", f"{where}: the values are right, but the "
+                                "memory is still attached to the graph: the second segment's "
+                                "loss backpropagates into the first. Detach it "
+                                "(stop-gradient).", len(cases))
+    return _verdict("xl_two_segments", None, len(cases))
+
+
+# ---------------------------------------------------------------- Chapter 3: relative positions
+
+
+def relative_index(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(qlen, klen, max_relative) -> long [qlen, klen]: row clip(j - i, -K, K) + K of
+    the distance table for query i (the last qlen of klen positions) and key j."""
+    ref = _ref("relative_attention", "relative_index")
+    cases = [(4, 4, 2), (2, 5, 2), (3, 7, 1), (6, 6, 9), (5, 5, 0), (1, 4, 3)]
+    for qlen, klen, K in cases:
+        where = f"for qlen={qlen}, klen={klen}, max_relative={K}"
+        got, err = _call(fn, qlen, klen, K)
+        if err:
+            return _verdict("relative_index", f"{where}: {err}", len(cases))
+        if not isinstance(got, torch.Tensor):
+            return _verdict("relative_index", f"expected a torch.Tensor, got "
+                            f"{type(got).__name__}", len(cases))
+        if tuple(got.shape) != (qlen, klen):
+            return _verdict("relative_index", f"{where}: the shape is {tuple(got.shape)}, "
+                            f"expected ({qlen}, {klen}): rows are queries, columns keys",
+                            len(cases))
+        if got.dtype.is_floating_point or got.dtype == torch.bool:
+            return _verdict("relative_index", f"{where}: the dtype is {got.dtype}; rows of "
+                            "a table are picked with an integer tensor (torch.long)", len(cases))
+        want = ref(qlen, klen, K)
+        got = got.long()
+        if torch.equal(got, want):
+            continue
+        d = torch.arange(klen)[None, :] - torch.arange(klen - qlen, klen)[:, None]  # j - i
+        from_zero = torch.arange(klen)[None, :] - torch.arange(qlen)[:, None]
+        offset = (got - want).unique()
+        if torch.equal(got, 2 * K - want):
+            hint = ("the distances run the wrong way (i - j instead of j - i): a key to the "
+                    "left of its query (j < i) must take a row below K")
+        elif torch.equal(got, d + K):
+            hint = ("the distances are not clipped: clamp j - i to [-K, K] before adding K; "
+                    f"the table has 2K + 1 = {2 * K + 1} rows")
+        elif torch.equal(got, (d.clamp(-K + 1, K - 1) + K)):
+            hint = ("clipped to [-(K - 1), K - 1]: the table's 2K + 1 rows hold distances -K "
+                    "to K")
+        elif torch.equal(got, from_zero.clamp(-K, K) + K):
+            hint = ("the queries are taken as the first qlen positions; they are the last "
+                    f"qlen of klen (the first keys may be memory): query i sits at position "
+                    f"klen - qlen + i = {klen - qlen} + i")
+        elif offset.numel() == 1 and offset.item() == -K:
+            hint = "the offset is missing: add K after clipping, so that distance -K is row 0"
+        elif offset.numel() == 1:
+            hint = (f"every entry is off by {offset.item():+d}: after clipping add exactly K, "
+                    "so that distance 0 (a query and its own key) is row K")
+        else:
+            i, j = (got != want).nonzero()[0].tolist()
+            hint = (f"entry ({i}, {j}) is {got[i, j].item()}, expected clip({d[i, j].item()}, "
+                    f"-{K}, {K}) + {K} = {want[i, j].item()}")
+        return _verdict("relative_index", f"{where}: {hint}.", len(cases))
+    return _verdict("relative_index", None, len(cases))
+
+
+def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(p [B, H, Tq, Tk], index [Tq, Tk], n_distances) -> [B, H, Tq, n_distances]: the
+    attention weight each query pays to each distance, summed over the keys at that distance
+    (the value side of Chapter 3's bucket form)."""
+    ref = _ref("relative_attention", "distance_weights")
+    rel_index = _ref("relative_attention", "relative_index")
+    mask_of = _ref("char_transformer", "causal_mask")
+    g = torch.Generator().manual_seed(0)
+    cases = [(1, 1, 4, 4, 1, True), (2, 3, 5, 5, 2, True), (1, 2, 3, 7, 2, True),
+             (2, 1, 4, 6, 9, False), (1, 1, 6, 6, 0, False)]
+    for B, H, Tq, Tk, K, masked in cases:
+        where = (f"for p of shape {(B, H, Tq, Tk)}, K={K}, "
+                 f"{'causal' if masked else 'no mask'}")
+        scores = torch.randn(B, H, Tq, Tk, generator=g)
+        if masked:
+            scores = scores.masked_fill(~mask_of(Tq, Tk), float("-inf"))
+        p, index, n = scores.softmax(-1), rel_index(Tq, Tk, K), 2 * K + 1
+        got, err = _call(fn, p.clone(), index.clone(), n)
+        if err:
+            return _verdict("distance_weights", f"{where}: {err}", len(cases))
+        want = ref(p, index, n)
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            hint = (" (one column per key: gather reads a column for each key, but here each "
+                    "key's weight must be added into the column its index names: scatter_add)"
+                    if isinstance(got, torch.Tensor) and got.shape[-1:] == (Tk,) else "")
+            return _verdict("distance_weights", f"{where}: the output is {shape}, expected "
+                            f"{tuple(want.shape)} [B, H, Tq, 2K+1]{hint}", len(cases))
+        if torch.allclose(got, want, atol=1e-6):
+            continue
+        count = ref(torch.ones_like(p), index, n)  # keys per (query, distance)
+        keys = ref((p > 0).float(), index, n)  # keys the query may attend
+        single = count == 1
+        if torch.allclose(got, keys) or torch.allclose(got, count):
+            hint = ("it counts the keys at each distance; add up their attention weights p "
+                    "instead")
+        elif torch.allclose(got, want / count.clamp(min=1), atol=1e-6):
+            hint = ("it averages the weights of the keys at a distance; the value term needs "
+                    "their sum")
+        elif torch.allclose(got[single], want[single], atol=1e-6):
+            hint = ("the distances that several keys share (the clipped ones) hold only one "
+                    "key's weight: scatter overwrites, scatter_add adds the weights up")
+        elif torch.allclose(got, want.flip(-1), atol=1e-6):
+            hint = ("the columns run the wrong way: column r is distance r - K, which is the "
+                    "row the index already names")
+        else:
+            hint = ("each query's weights, summed over its keys, must land in the columns "
+                    "the index names, every key's weight in exactly one column (the rows of "
+                    "the result then add up to 1, like the rows of p)")
+        return _verdict("distance_weights", f"{where}: {hint}.", len(cases))
+    return _verdict("distance_weights", None, len(cases))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     'relative_index', 'shaw_attention_loop', 'shaw_attention_gathered',
-    'shaw_attention', 'SHAW_FORMS', 'SHAW_GATHER_PAIRS', 'shaw_form',
-    'shaw_attention_cost', 'ShawRelativeAttention', 'shaw_factory',
+    'distance_weights', 'shaw_attention', 'SHAW_FORMS', 'SHAW_GATHER_PAIRS',
+    'shaw_form', 'shaw_attention_cost', 'ShawRelativeAttention', 'shaw_factory',
 ]
 
 import math
@@ -97,6 +97,13 @@ def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return p @ v + value_pos
 
 
+def distance_weights(p: torch.Tensor, index: torch.Tensor, n_distances: int) -> torch.Tensor:
+    """The attention each query pays to each distance: p [B, H, Tq, Tk] summed into the
+    columns that index [Tq, Tk] names -> [B, H, Tq, n_distances]."""
+    buckets = p.new_zeros(*p.shape[:-1], n_distances)  # (B, H, Tq, 2K+1)
+    return buckets.scatter_add(-1, index.expand(p.shape), p)  # keys sharing a distance add up
+
+
 def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
                    w_v: torch.Tensor, mask: torch.Tensor | None = None, *,
                    dropout: float = 0.0) -> torch.Tensor:
@@ -107,15 +114,14 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch
     K = _distance_tables(q, k, v, w_k, w_v)
     B, H, Tq, D = q.shape
     Tk = k.size(2)
-    idx = relative_index(Tq, Tk, K, device=q.device).expand(B, H, Tq, Tk)
+    idx = relative_index(Tq, Tk, K, device=q.device)  # (Tq, Tk)
     content = q @ k.transpose(-2, -1)  # (B, H, Tq, Tk)
-    position = (q @ w_k.T).gather(-1, idx)  # (B, H, Tq, 2K+1) -> (B, H, Tq, Tk)
+    position = (q @ w_k.T).gather(-1, idx.expand(B, H, Tq, Tk))  # (B, H, Tq, 2K+1) -> Tk
     scores = (content + position) / math.sqrt(D)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     p = F.dropout(scores.softmax(dim=-1), dropout)  # (B, H, Tq, Tk)
-    per_distance = p.new_zeros(B, H, Tq, 2 * K + 1).scatter_add(-1, idx, p)  # weight per distance
-    return p @ v + per_distance @ w_v
+    return p @ v + distance_weights(p, idx, 2 * K + 1) @ w_v  # (B, H, Tq, 2K+1) @ (2K+1, D)
 
 
 SHAW_FORMS = {"bucket": shaw_attention, "gathered": shaw_attention_gathered}

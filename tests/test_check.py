@@ -26,6 +26,7 @@ def fails_with(capsys, checker, fn, *hints):
     ("intermediate_weight", minixl.intermediate_weight),
     ("sliding_windows", minixl.sliding_windows), ("shaw_attention", minixl.shaw_attention),
     ("shaw_attention", minixl.shaw_attention_gathered), ("rel_shift", minixl.rel_shift),
+    ("relative_index", minixl.relative_index), ("distance_weights", minixl.distance_weights),
 ])
 def test_checkers_pass_the_reference(name, reference, capsys):
     assert getattr(check, name)(reference) is True
@@ -35,10 +36,11 @@ def test_checkers_pass_the_reference(name, reference, capsys):
 def test_every_checker_is_tested():
     assert set(check.__all__) == {"causal_mask", "attention", "sinusoid_positions",
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
+                                  "relative_index", "distance_weights",
                                   "rel_shift", "permutation_masks", "query_stream_mask",
                                   "rel_shift_bi", "leaf_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
-                                  "memory_update", "stream_batches"}
+                                  "memory_update", "stream_batches", "xl_two_segments"}
 
 
 def test_causal_mask_checker_explains_memory_and_inversion(capsys):
@@ -81,7 +83,11 @@ def test_attention_checker_names_the_bug(capsys):
     def off_by_a_bit(q, k, v, mask=None):
         return minixl.attention(q, k, v, mask) * 1.01
 
+    def over_d(q, k, v, mask=None):
+        return minixl.attention(q / q.size(-1) ** 0.5, k, v, mask)  # scores / D
+
     for fn, words in [(unscaled, "not divided by sqrt(D)"), (maskless, "mask is ignored"),
+                      (over_d, "divided by D; divide them by sqrt(D)"),
                       (over_queries, "softmax runs over queries"),
                       (true_means_hide, "the output has NaNs"),
                       (heads_merged, "expected (2, 3, 5, 8) [B, H, Tq, D]"),
@@ -518,3 +524,113 @@ def test_transformer_xl_checkers_pass_the_reference_and_name_each_slip(capsys):
     fails_with(capsys, check.stream_batches, unshifted, "y equals x")
     fails_with(capsys, check.stream_batches, lambda d, B, L: list(stream_batches(d, B, L))[:-1],
                "batches, expected")
+
+
+def test_xl_two_segments_checker_passes_the_reference_and_names_each_slip(capsys):
+    from minixl.transformer_xl import TransformerXL, TransformerXLConfig
+
+    update_mems = TransformerXL(TransformerXLConfig(n_layer=1, d_model=8, n_head=1, d_head=8,
+                                                    d_inner=8)).update_mems
+
+    def segments(keep=lambda mems, hidden, mem_len: update_mems(hidden, mems, mem_len)):
+        def fn(run, tokens, split, mems, mem_len):
+            first, hidden = run(tokens[:, :split], mems)
+            second, _ = run(tokens[:, split:], keep(mems, hidden, mem_len))
+            return torch.cat([first, second], dim=1)
+        return fn
+
+    state = torch.get_rng_state()
+    assert check.xl_two_segments(segments()) is True
+    assert capsys.readouterr().out.startswith("PASS xl_two_segments: all ")
+    assert torch.equal(torch.get_rng_state(), state)  # the checker's model leaves no trace
+
+    for keep, *words in [
+        (lambda mems, hidden, mem_len: None, "ran without memory"),
+        (lambda mems, hidden, mem_len: [torch.cat([m, h], 1) for m, h in zip(mems, hidden)],
+         "still attached to the graph", "Detach"),
+        (lambda mems, hidden, mem_len: [torch.cat([h, m], 1).detach()
+                                        for m, h in zip(mems, hidden)], "[segment; memory]"),
+        (lambda mems, hidden, mem_len: update_mems(hidden, mems, 8),
+         "too short", "only the last 8 states", "mem_len = M + split = 13"),
+        (lambda mems, hidden, mem_len: [h.detach() for h in hidden],
+         "too short", "only the last 11 states", "= 17"),
+    ]:
+        fails_with(capsys, check.xl_two_segments, segments(keep), *words)
+    reference = segments()
+    fails_with(capsys, check.xl_two_segments, lambda run, t, split, mems, mem_len: reference(
+        run, t, split, mems, mem_len).flip(1), "the first segment's logits differ")
+    fails_with(capsys, check.xl_two_segments, lambda run, t, split, mems, mem_len: reference(
+        run, t, split, mems, mem_len).roll(t.size(1) - split, 1), "wrong order")
+    fails_with(capsys, check.xl_two_segments, lambda *args: reference(*args)[:, 1:],
+               "expected (1, 30, 256)")
+
+
+# ---------------------------------------------------------------- Chapter 3: relative positions
+
+def test_relative_index_checker_names_each_slip(capsys):
+    ref = minixl.relative_index
+
+    def positions(qlen, klen):
+        return torch.arange(klen - qlen, klen)[:, None], torch.arange(klen)[None, :]
+
+    def i_minus_j(qlen, klen, K):
+        i, j = positions(qlen, klen)
+        return (i - j).clamp(-K, K) + K
+
+    def unclipped(qlen, klen, K):
+        i, j = positions(qlen, klen)
+        return j - i + K
+
+    def queries_first(qlen, klen, K):
+        i, j = torch.arange(qlen)[:, None], torch.arange(klen)[None, :]
+        return (j - i).clamp(-K, K) + K
+
+    def clipped_short(qlen, klen, K):
+        i, j = positions(qlen, klen)
+        return (j - i).clamp(-K + 1, K - 1) + K
+
+    for fn, words in [
+        (i_minus_j, "i - j instead of j - i"), (unclipped, "not clipped"),
+        (lambda q, k, K: ref(q, k, K) + 1, "off by +1"),
+        (lambda q, k, K: ref(q, k, K) - 1, "off by -1"),
+        (lambda q, k, K: ref(q, k, K) - K, "the offset is missing"),
+        (queries_first, "the last qlen of klen"), (clipped_short, "[-(K - 1), K - 1]"),
+        (lambda q, k, K: ref(q, k, K).float(), "torch.long"),
+        (lambda q, k, K: ref(q, k, K)[:, :-1], "rows are queries, columns keys"),
+        (lambda q, k, K: ref(q, k, K).tolist(), "expected a torch.Tensor"),
+    ]:
+        fails_with(capsys, check.relative_index, fn, words)
+    # an int32 answer is as good as a long one
+    assert check.relative_index(lambda q, k, K: ref(q, k, K).int())
+
+
+def test_distance_weights_checker_names_each_slip(capsys):
+    ref = minixl.distance_weights
+
+    def overwrite(p, index, n):
+        return p.new_zeros(*p.shape[:-1], n).scatter(-1, index.expand(p.shape), p)
+
+    def counts(p, index, n):
+        return ref((p > 0).float(), index, n)
+
+    def mean(p, index, n):
+        return ref(p, index, n) / ref(torch.ones_like(p), index, n).clamp(min=1)
+
+    def gathered(p, index, n):
+        return p.gather(-1, index.expand(p.shape))
+
+    for fn, words in [
+        (overwrite, "scatter overwrites, scatter_add adds"), (counts, "counts the keys"),
+        (mean, "averages"), (gathered, "one column per key"),
+        (lambda p, index, n: ref(p, index, n).flip(-1), "the columns run the wrong way"),
+        (lambda p, index, n: ref(p, index, n) * 2, "rows of the result then add up to 1"),
+        (lambda p, index, n: 1 / 0, "ZeroDivisionError"),
+    ]:
+        fails_with(capsys, check.distance_weights, fn, words)
+    # the bucket form built on a correct answer equals the loop
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 6, 4, generator=g) for _ in range(3))
+    w_k, w_v = torch.randn(2, 5, 4, generator=g)
+    torch.testing.assert_close(minixl.shaw_attention(q, k, v, w_k, w_v, minixl.causal_mask(6)),
+                               minixl.shaw_attention_loop(q, k, v, w_k, w_v,
+                                                          minixl.causal_mask(6)))

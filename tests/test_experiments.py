@@ -96,3 +96,23 @@ def test_xl_eval_speed_and_xl_order_write_their_csvs(tmp_path):
     assert [r["arm"] for r in rows] == ["ordered, stale memory", "ordered, no memory",
                                         "random, fresh memory", "random, no memory"]
     assert all(0 < float(r["bpc_at_64"]) < 9 for r in rows)
+
+
+def test_positions_writes_one_row_per_run_and_refuses_bad_options(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "positions.csv"
+    cmd = [sys.executable, "-m", "minixl.experiments", "positions", "--depths", "1",
+           "--seeds", "0,1", "--steps", "2", "--csv", str(path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(open(path)))
+    assert list(rows[0]) == ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]
+    assert [(r["seed"], r["pos"]) for r in rows] == [
+        (s, p) for s in ("0", "1") for p in ("per_layer", "sinusoid")]
+    assert all(0 < float(r["valid_bpc"]) < 12 for r in rows)
+    bad = subprocess.run(cmd[:-2] + ["--depths", "0", "--csv", str(tmp_path / "bad.csv")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--depths needs at least one integer" in bad.stderr
+    assert not (tmp_path / "bad.csv").exists()
