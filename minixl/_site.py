@@ -63,7 +63,7 @@ def build(out: Path, *, nbs: Path = NBS, work: Path = ROOT / "_build") -> int:
     stage(src, nbs)
     built = work / "site-work"  # Jupyter Book writes <path-output>/_build/html
     cmd = [str(jupyter_book), "build", str(src), "--path-output", str(built), "--builder", "html",
-           "--warningiserror", "--nitpick", "--keep-going", "--all"]
+           "--warningiserror", "--nitpick", "--keep-going", "--all", "--quiet"]
     if subprocess.run(cmd, cwd=ROOT).returncode != 0:
         print("error: the site has warnings (listed above); each is an error here",
               file=sys.stderr)
