@@ -120,6 +120,7 @@ _NAMES = {
     'sample_next': 'char_transformer',
     'segtree_attention_dense': 'segtree',
     'segtree_graph': 'segtree',
+    'sharpened': 'transformer_xl',
     'shaw_attention': 'relative_attention',
     'shaw_attention_cost': 'relative_attention',
     'shaw_attention_gathered': 'relative_attention',

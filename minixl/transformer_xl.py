@@ -12,8 +12,9 @@ __all__ = [
     'relative_distances', 'relative_positions', 'rel_scores_naive', 'rel_shift',
     'rel_scores', 'ATTENTION_IMPLS', 'check_attention_impl', 'attention_mask',
     'TransformerXLConfig', 'RelMultiHeadAttention', 'PositionwiseFF', 'XLLayer',
-    'TransformerXL', 'NoMemory', 'stream_nll', 'evaluate_bpc_xl', 'KVCache',
-    'project_memory', 'position_keys', 'xl_forward_cached', 'fused_rel_attention',
+    'TransformerXL', 'NoMemory', 'sharpened', 'stream_nll', 'evaluate_bpc_xl',
+    'KVCache', 'project_memory', 'position_keys', 'xl_forward_cached',
+    'fused_rel_attention',
 ]
 
 import math
@@ -363,6 +364,16 @@ class NoMemory(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens, mem_len=0)[0]
+
+
+def sharpened(model: nn.Module, factor: float = 10.0) -> nn.Module:
+    """The model, in place, with its weight matrices and XL's u, v multiplied by factor: at
+    initialisation attention is nearly uniform, and equality tests on it see little."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1 or name.endswith(("r_w_bias", "r_r_bias")):
+                p.mul_(factor)
+    return model
 
 
 @torch.no_grad()

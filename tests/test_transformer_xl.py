@@ -18,7 +18,7 @@ from minixl.models import KINDS
 from minixl.trainer import TrainConfig, train
 from minixl.transformer_xl import (NoMemory, TransformerXL, TransformerXLConfig, evaluate_bpc_xl,
                                    rel_scores, rel_scores_naive, rel_shift, relative_distances,
-                                   relative_positions, stream_nll)
+                                   relative_positions, sharpened, stream_nll)
 
 SHAPES = [(1, 1), (3, 3), (3, 5), (1, 7), (4, 9), (6, 6), (2, 12)]
 
@@ -101,13 +101,30 @@ def test_relative_positions_clamp():
 @pytest.mark.parametrize("split,mem_len", [(5, 5), (13, 13), (13, 30), (1, 1)])
 def test_two_segments_with_memory_equal_one_causal_pass(split, mem_len):
     torch.manual_seed(0)
-    model = TransformerXL(tiny()).eval()
+    model = sharpened(TransformerXL(tiny()).eval())
     tokens = torch.randint(0, 256, (3, 21))
     with torch.no_grad():
         whole, _ = model(tokens, mem_len=0)
         first, mems = model(tokens[:, :split], mem_len=mem_len)
         second, _ = model(tokens[:, split:], mems)
-    torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.cat([first, second], 1), whole, atol=1e-4, rtol=1e-4)
+
+
+def test_the_equality_sees_what_the_memory_holds_and_its_order():
+    """With sharpened weights (at initialisation a time-reversed memory moves no logit by
+    1e-5, below the old tolerance), the test above would catch a recurrence that keeps the right states in the wrong
+    order, or the wrong states: each moves the logits far beyond its tolerance."""
+    torch.manual_seed(0)
+    model = sharpened(TransformerXL(tiny()).eval())
+    tokens = torch.randint(0, 256, (3, 21))
+    with torch.no_grad():
+        whole, _ = model(tokens, mem_len=0)
+        _, mems = model(tokens[:, :13], mem_len=13)
+        for wrong in ([m.flip(1) for m in mems],  # time reversed
+                      [m.roll(1, dims=0) for m in mems],  # another stream's memory
+                      [mems[0], mems[0]]):  # every layer given the embeddings
+            second, _ = model(tokens[:, 13:], wrong)
+            assert (second - whole[:, 13:]).abs().max() > 1e-2
 
 
 def test_three_segments_and_pre_lnorm_also_match():
