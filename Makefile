@@ -16,12 +16,12 @@ PORTABLE := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The browser that `make test-browser` drives (any Chromium or Chrome). When it is missing
 # on a Debian or Ubuntu machine, the target installs Debian's chromium package.
 CHROMIUM ?= /usr/bin/chromium
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
 .PHONY: help setup lab test check html test-browser train run export sync clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  make %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## create .venv from pyproject.toml (every target does it first)
 
@@ -49,12 +49,13 @@ test-browser: html ## JupyterLab and the website in headless Chromium (Playwrigh
 	@if [ ! -x "$(CHROMIUM)" ]; then \
 	  if command -v apt-get >/dev/null; then \
 	    echo "test-browser: no browser at $(CHROMIUM); installing Debian's chromium package with apt-get (set CHROMIUM=/path/to/chrome to use another)"; \
-	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; \
-	  else \
+	    $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  fi; \
+	  if [ ! -x "$(CHROMIUM)" ]; then \
 	    echo "test-browser: no browser at $(CHROMIUM); install Chromium or Chrome and run make test-browser CHROMIUM=/path/to/it" >&2; exit 1; \
 	  fi; \
 	fi
-	MINIXL_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -q --browser tests/test_browser.py
+	MINIXL_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -q --browser tests/test_browser.py
 
 train: $(STAMP) ## train a small model on the default corpus on the CPU
 	$(PY) -m minixl train --preset tiny --corpus pydoc --out runs/tiny --overwrite

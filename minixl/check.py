@@ -872,7 +872,7 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
         model = XL(Config(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8,
                           mem_len=8)).eval()  # section 4.6's tiny model and seed
     # weights 10 times their initial size: at init, attention is so flat that some slips
-    # move no logit by 1e-5 (section 4.6)
+    # move the logits by only about 1e-5 (section 4.6)
     _ref("transformer_xl", "sharpened")(model)
     text = encode("segment one, then segment two!")[None]  # (1, 30), section 4.6's text
     pair = torch.stack([encode("memory carries the first part "), text[0]])  # (2, 30)

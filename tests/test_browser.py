@@ -125,9 +125,10 @@ def broken_links(page_url: str, links: list[str], base: str) -> list[str]:
     return problems
 
 
-def visit(browser, url: str, base: str) -> tuple[list[str], object]:
-    """Load a page; return what went wrong (console errors, failed requests, math that did
-    not render, broken links) and the page, still open."""
+def visit(browser, url: str, base: str, *, lands_on: str | None = None):
+    """Load a page (and, with lands_on, wait until its redirect arrives there); return the
+    list of what goes wrong (console errors, failed requests, math that did not render,
+    broken links), which keeps filling until the page is closed, and the page, still open."""
     page = browser.new_page()
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"{url}: console {m.type}: {m.text}")
@@ -141,6 +142,9 @@ def visit(browser, url: str, base: str) -> tuple[list[str], object]:
     page.on("response", lambda r: problems.append(f"{url}: HTTP {r.status} for {r.url}")
             if r.status >= 400 else None)
     page.goto(url, wait_until="networkidle")
+    if lands_on:
+        page.wait_for_url(lands_on)
+        page.wait_for_load_state("networkidle")
     if page.locator(".math").count():
         page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise")
         page.evaluate("MathJax.startup.promise")  # typesetting done
@@ -151,7 +155,8 @@ def visit(browser, url: str, base: str) -> tuple[list[str], object]:
     links = page.eval_on_selector_all(
         "a[href], img[src], link[href], script[src]",
         "els => els.map(e => e.href || e.src).filter(Boolean)")
-    return problems + broken_links(url, links, base), page
+    problems += broken_links(url, links, base)
+    return problems, page
 
 
 def site_pages() -> list[str]:
@@ -161,41 +166,67 @@ def site_pages() -> list[str]:
                   if p.relative_to(SITE).parts[0] not in skip)
 
 
+FRONT = "index.html"  # redirects to the preface
+
+
 def test_every_site_page_loads_without_errors_or_broken_links(browser, site):
     pages = site_pages()
-    assert {f"nbs/{c}.html" for c in CHAPTERS} | {"index.html", "api.html"} <= set(pages), pages
+    assert {f"nbs/{c}.html" for c in CHAPTERS} | {FRONT, "api.html"} <= set(pages), pages
     problems = []
     for name in pages:
-        found, page = visit(browser, site + name, site)
-        problems += found
+        lands_on = site + "nbs/00_preface.html" if name == FRONT else None
+        found, page = visit(browser, site + name, site, lands_on=lands_on)
         stem = Path(name).stem
         if stem[:2].isdigit():  # every chapter offers its notebook
             hrefs = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
             if not any(h.endswith(f"/{stem}.ipynb") for h in hrefs):
-                problems.append(f"{name}: no link to {stem}.ipynb")
+                found.append(f"{name}: no link to {stem}.ipynb")
         page.close()
+        problems += found  # read after closing: late errors count too
     assert not problems, "\n".join(problems)
 
 
 def test_the_site_renders_equations_figures_links_and_the_api(browser, site):
-    _, page = visit(browser, site, site)
-    page.wait_for_url(site + "nbs/00_preface.html")  # the front door leads to the preface
-    page.close()
-    _, page = visit(browser, site + "nbs/00_preface.html", site)
+    found, page = visit(browser, site, site, lands_on=site + "nbs/00_preface.html")
     assert page.locator('mjx-container[display="true"] svg').count() >= 1  # the bpc formula
     chapters = page.eval_on_selector_all("a.reference.internal[href]", "els => els.map(e => e.href)")
     for name in CHAPTERS[1:]:  # "The chapters" links every chapter, as a working link
         assert site + f"nbs/{name}.html" in chapters, name
     page.close()
-    _, page = visit(browser, site + "nbs/04_transformer_xl.html", site)
+    found, page = visit(browser, site + "nbs/04_transformer_xl.html", site)
     sizes = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
     assert len(sizes) >= 3 and all(w > 0 for w in sizes), sizes  # figures load
     page.close()
-    _, page = visit(browser, site + "api.html", site)
+    found, page = visit(browser, site + "api.html", site)
     for name in ("minixl.char_transformer.causal_mask", "minixl.transformer_xl.rel_shift",
                  "minixl.check.attention"):
         assert page.locator(f'[id="{name}"]').count() == 1, name
     page.close()
+
+
+BAD_PAGE = r"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>bad</title>
+<link rel="icon" href="_static/favicon.svg">
+<script defer src="_static/mathjax/tex-svg.js"></script></head><body>
+<p><span class="math notranslate nohighlight">\(\frac{1}\)</span></p>
+<img src="no_such_figure.png"><a href="no_such_page.html">a broken link</a>
+<script>console.error("a script that reports an error");</script>
+</body></html>"""
+
+
+def test_the_page_checks_catch_console_errors_missing_files_and_bad_math(browser, site):
+    """A page with one of each fault, served beside the site's own _static."""
+    bad = SITE / "_broken_by_test.html"
+    bad.write_text(BAD_PAGE)
+    try:
+        found, page = visit(browser, site + bad.name, site)
+        page.close()
+    finally:
+        bad.unlink()
+    report = "\n".join(found)
+    assert "a script that reports an error" in report, report
+    assert "HTTP 404" in report and "no_such_figure.png" in report, report
+    assert "broken link" in report and "no_such_page.html" in report, report
+    assert "MathJax could not typeset" in report, report
 
 
 def test_the_link_check_catches_a_broken_link(site):
@@ -249,12 +280,15 @@ def lab(browser):
     try:
         for _ in range(200):
             try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}")
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=10)
                 break
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if server.poll() is not None:
                     pytest.fail("JupyterLab did not start:\n" + (root / "lab.log").read_text())
                 time.sleep(0.3)
+        else:
+            pytest.fail("JupyterLab did not answer within a minute:\n"
+                        + (root / "lab.log").read_text())
         page = browser.new_page()
         page.set_default_timeout(120_000)
         page.goto(f"{base}/lab?token={token}")
@@ -314,26 +348,34 @@ def open_problems(page, path: str) -> list[str]:
     return problems
 
 
-RUN_ALL_AND_SAVE = """async (path) => {
+RUN_ALL_MINUTES = 10  # a chapter takes at most 3 minutes on the slowest machine supported
+RUN_ALL_AND_SAVE = """async ([path, minutes]) => {
   const app = window.jupyterapp;
   const widget = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
   await widget.context.ready;
   await widget.sessionContext.ready;
   app.shell.activateById(widget.id);
-  await app.commands.execute('notebook:run-all-cells');  // Run > Run All Cells
-  await app.commands.execute('docmanager:save');         // File > Save Notebook
+  const run = app.commands.execute('notebook:run-all-cells')  // Run > Run All Cells
+    .then(() => 'done');
+  const late = new Promise(resolve => setTimeout(() => resolve('timeout'), minutes * 60000));
+  const outcome = await Promise.race([run, late]);
   const dialogs = Array.from(document.querySelectorAll('.jp-Dialog')).map(d => d.innerText);
+  if (outcome === 'done') {
+    await app.commands.execute('docmanager:save');         // File > Save Notebook
+  }
   widget.dispose();
   await app.serviceManager.sessions.shutdownAll();
-  return dialogs;
+  return {outcome, dialogs};
 }"""
 
 
 def run_all_problems(page, root: Path, name: str) -> list[str]:
     """Run All and save in JupyterLab, then read the saved notebook back from disk."""
     path = f"nbs/{name}.ipynb"
-    dialogs = page.evaluate(RUN_ALL_AND_SAVE, path)
-    problems = [f"{path}: a dialog appeared: {' '.join(d.split())}" for d in dialogs]
+    seen = page.evaluate(RUN_ALL_AND_SAVE, [path, RUN_ALL_MINUTES])
+    problems = [f"{path}: a dialog appeared: {' '.join(d.split())}" for d in seen["dialogs"]]
+    if seen["outcome"] != "done":
+        problems.append(f"{path}: Run All did not finish within {RUN_ALL_MINUTES} minutes")
     nb = json.loads((root / path).read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     for n, cell in enumerate(code):

@@ -40,6 +40,20 @@ def test_the_readme_figure_exists_and_is_small():
     assert "make lab" in first_screen and "make test" in first_screen
 
 
+def test_the_readme_figure_is_chapter_fours_stored_output():
+    """book/figures/xl_reach.png is a copy of Chapter 4's receptive-field figure: after a
+    re-run changes that figure, copy it again (this test names the cell)."""
+    import base64
+
+    nb = json.loads((ROOT / "nbs" / "04_transformer_xl.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code"
+                and "vanilla: no memory" in "".join(c["source"]))
+    png = next(o["data"]["image/png"] for o in cell["outputs"] if "image/png" in o.get("data", {}))
+    assert base64.b64decode(png) == (ROOT / "book" / "figures" / "xl_reach.png").read_bytes(), (
+        "the README's figure differs from Chapter 4's stored output of the cell that plots "
+        "'vanilla: no memory': copy that PNG to book/figures/xl_reach.png")
+
+
 def _build(tmp_path: Path, extra_markdown: str | None) -> subprocess.CompletedProcess:
     """Build the site from a copy of nbs/ whose preface ends with `extra_markdown`."""
     nbs = tmp_path / "nbs"

@@ -111,8 +111,8 @@ def test_two_segments_with_memory_equal_one_causal_pass(split, mem_len):
 
 
 def test_the_equality_sees_what_the_memory_holds_and_its_order():
-    """With sharpened weights (at initialisation a time-reversed memory moves no logit by
-    1e-5, below the old tolerance), the test above would catch a recurrence that keeps the right states in the wrong
+    """With sharpened weights (at initialisation a time-reversed memory moves the logits by
+    about 1e-5, the old tolerance), the test above would catch a recurrence that keeps the right states in the wrong
     order, or the wrong states: each moves the logits far beyond its tolerance."""
     torch.manual_seed(0)
     model = sharpened(TransformerXL(tiny()).eval())
@@ -125,6 +125,13 @@ def test_the_equality_sees_what_the_memory_holds_and_its_order():
                       [mems[0], mems[0]]):  # every layer given the embeddings
             second, _ = model(tokens[:, 13:], wrong)
             assert (second - whole[:, 13:]).abs().max() > 1e-2
+    torch.manual_seed(0)
+    fresh = TransformerXL(tiny()).eval()  # as initialised, the same wrong memory hides
+    with torch.no_grad():
+        whole, _ = fresh(tokens, mem_len=0)
+        _, mems = fresh(tokens[:, :13], mem_len=13)
+        second, _ = fresh(tokens[:, 13:], [m.flip(1) for m in mems])
+    assert (second - whole[:, 13:]).abs().max() < 1e-4
 
 
 def test_three_segments_and_pre_lnorm_also_match():
