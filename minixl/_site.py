@@ -37,8 +37,8 @@ SITE_CONFIG = ROOT / "book" / "site"
 NBS = ROOT / "nbs"
 
 
-def stage(src: Path, nbs: Path = NBS) -> list[Path]:
-    """Fill `src` with the site's configuration and the notebooks stored in `nbs`; return them."""
+def stage(src: Path, nbs: Path = NBS) -> None:
+    """Fill `src` with the site's configuration and the notebooks stored in `nbs`."""
     if src.exists():
         shutil.rmtree(src)
     shutil.copytree(SITE_CONFIG, src, ignore=shutil.ignore_patterns("__pycache__"))
@@ -48,7 +48,6 @@ def stage(src: Path, nbs: Path = NBS) -> list[Path]:
     (src / "nbs").mkdir()
     for nb in notebooks:  # kept in nbs/, so that the chapters' links to ../nbs/X.ipynb work
         shutil.copy2(nb, src / "nbs" / nb.name)
-    return notebooks
 
 
 def build(out: Path, *, nbs: Path = NBS, work: Path = ROOT / "_build") -> int:

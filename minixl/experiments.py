@@ -37,6 +37,12 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
 EXPERIMENTS: dict[str, tuple[Callable[..., list[dict]], list[tuple], str]] = {}
 
 
+def _add_row(rows: list[dict], row: dict) -> None:
+    """Keep one run's row and print it at once, so a long sweep shows its progress."""
+    rows.append(row)
+    print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
 def _int_list(text: str, name: str, least: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -98,13 +104,12 @@ def depth_sweep(depths: str = "4,16,32", norms: str = "pre,post", seeds: str = "
                                                          seed=seed))
                     seconds = time.perf_counter() - t0
                     last = [r["train_bpc"] for r in result.history][-10:]
-                    rows.append(dict(
+                    _add_row(rows, dict(
                         depth=depth, norm=norm, losses=losses, seed=seed, steps=steps,
                         d_model=d_model, seq_len=seq_len,
                         train_bpc=round(sum(last) / len(last), 4),
                         valid_bpc=round(evaluate_bpc(model, held, seq_len=seq_len), 4),
                         seconds=round(seconds, 1)))
-                    print(", ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     return rows
 
 
@@ -155,10 +160,9 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200,
                                          weight_decay=0.01, grad_clip=1.0, seed=seed,
                                          device="cpu"),
                       batches=RandomWindows(data.train, 16, 128, seed=seed), progress=False)
-                rows.append(dict(n_layer=n_layer, seed=seed, pos=pos, steps=steps,
+                _add_row(rows, dict(n_layer=n_layer, seed=seed, pos=pos, steps=steps,
                                  valid_bpc=round(evaluate_bpc(model, data.valid, seq_len=128), 4),
                                  seconds=round(time.perf_counter() - start, 1)))
-                print(", ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     return rows
 
 
@@ -256,7 +260,7 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
                     seg, full, kv_cache=kv, mem_len=A - tgt_len)) / (streams * tgt_len)
             flops = {p: eval_flops_per_byte(p, A, **sizes, tgt_len=tgt_len)
                      for p in ("sliding", "states", "kv")}
-            rows.append(dict(
+            _add_row(rows, dict(
                 A=A, tgt_len=tgt_len, streams=streams,
                 sliding_us=round(1e6 * sliding, 2), states_us=round(1e6 * memory["states"], 2),
                 kv_us=round(1e6 * memory["kv"], 2),
@@ -264,7 +268,6 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
                 measured_kv=round(sliding / memory["kv"], 2),
                 predicted_states=round(flops["sliding"] / flops["states"], 2),
                 predicted_kv=round(flops["sliding"] / flops["kv"], 2)))
-            print(", ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     return rows
 
 
@@ -353,10 +356,9 @@ def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
             else:
                 at64 = evaluate_bpc_sliding(model, held, seq_len=2 * T, stride=T)
             at32 = evaluate_bpc_xl(model, held, mem_len=0, batch_size=8)
-            rows.append(dict(arm=arm, seed=seed, steps=steps, bpc_at_64=round(at64, 4),
+            _add_row(rows, dict(arm=arm, seed=seed, steps=steps, bpc_at_64=round(at64, 4),
                              bpc_at_32=round(at32, 4), last_train_bpc=round(
                                  loss.item() / math.log(2), 4)))
-            print(", ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
     return rows
 
 
