@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import inspect
 import math
 import os
@@ -511,6 +512,9 @@ def _group_decays(cfg: TrainConfig) -> list[float]:
     return [cfg.weight_decay] if cfg.weight_decay_on == "all" else [cfg.weight_decay, 0.0]
 
 
+CLOSE_WAIT_S = datetime.timedelta(seconds=30)  # how long the end waits for a missing process
+
+
 class _Ranks:
     """This process's place in a run: the only process (world 1), or one of the `world`
     processes torchrun started (WORLD_SIZE, RANK, LOCAL_RANK in the environment).
@@ -542,7 +546,14 @@ class _Ranks:
                         else dist.group.WORLD)
 
     def close(self) -> None:
+        """End the process group, all processes together: one that tore its group down while
+        another was still tearing down aborted that other (gloo's SIGABRT, seen when every
+        process ended on the same refusal). A process that never arrives (it crashed) costs
+        the others CLOSE_WAIT_S, then they end alone."""
         if self.created and dist.is_initialized():
+            with contextlib.suppress(RuntimeError):
+                dist.monitored_barrier(group=self.control, timeout=CLOSE_WAIT_S,
+                                       wait_all_ranks=True)
             dist.destroy_process_group()
 
     def broadcast(self, obj):
