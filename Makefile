@@ -18,7 +18,7 @@ PORTABLE := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: help setup lab test check html test-browser train run export sync clean
+.PHONY: help setup lab test test-fast check html test-browser train run export sync clean
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  make %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -32,8 +32,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[book,dev,site]"
 	touch $@
 
+# Served from the repository root, so that jupytext reaches both sides of each pair and
+# saving either one updates the other. (Given only a file, Jupyter would serve the file's
+# folder, nbs/, and save notebooks without their text files.) LAB_ARGS: more jupyter lab
+# options, e.g. make lab LAB_ARGS="--no-browser --port=8890".
+LAB_ARGS ?=
 lab: $(STAMP) ## open the book in JupyterLab
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) nbs/00_preface.ipynb
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. $(LAB_ARGS) nbs/00_preface.ipynb
 
 check: $(STAMP) ## pairs in sync and minixl up to date with the chapters
 	$(PY) minixl/_book.py check
@@ -41,6 +46,9 @@ check: $(STAMP) ## pairs in sync and minixl up to date with the chapters
 test: check ## every check: pytest, and notebooks match their stored outputs in budget
 	$(PY) -m pytest -q tests
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
+
+test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (under a minute)
+	$(PY) -m pytest -q -m "not slow" tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)
 	$(PY) minixl/_site.py --out _build/html

@@ -14,6 +14,8 @@ __all__ = [
     'evaluate_bpc_sliding',
 ]
 
+# %% book/02_aux_losses.md, section 2. Going deeper: auxiliary losses
+
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from .char_transformer import eval_mode
 
 
+# %% book/02_aux_losses.md, section 2.2 Multiple positions
 def next_byte_loss(logits: torch.Tensor, targets: torch.Tensor, *,
                    last_only: bool = False) -> torch.Tensor:
     """Mean cross-entropy (nats) of logits [B, T, V] against targets [B, T].
@@ -39,6 +42,7 @@ def next_byte_loss(logits: torch.Tensor, targets: torch.Tensor, *,
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+# %% book/02_aux_losses.md, section 2.3 Intermediate layer losses
 def intermediate_weight(layer: int, n_layer: int, progress: float) -> float:
     """Weight of layer `layer`'s auxiliary loss (1 <= layer < n_layer) at progress p in [0, 1].
 
@@ -58,6 +62,7 @@ def layer_weights(n_layer: int, progress: float) -> list[float]:
     return [intermediate_weight(l, n_layer, progress) for l in range(1, n_layer)] + [1.0]
 
 
+# %% book/02_aux_losses.md, section 2.4 Multiple targets
 def ahead_pairs(h: torch.Tensor, targets: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Pair states h [B, T, C] with the byte j after the next: (h [B, T-j, C], targets [B, T-j]).
 
@@ -69,6 +74,7 @@ def ahead_pairs(h: torch.Tensor, targets: torch.Tensor, j: int) -> tuple[torch.T
     return h[:, :T - j], targets[:, j:]
 
 
+# %% book/02_aux_losses.md, section 2.5 The losses as one component
 @dataclass
 class AuxLossConfig:
     """Which auxiliary losses are on. Defaults: every position of the last layer, nothing more.
@@ -99,6 +105,7 @@ class AuxLossConfig:
         return "+".join(on) or "last position only"
 
 
+# %% book/02_aux_losses.md, section 2.5 The losses as one component
 class AuxLosses(nn.Module):
     """Al-Rfou et al.'s auxiliary losses for any model with per-layer hidden states.
 
@@ -141,6 +148,7 @@ class AuxLosses(nn.Module):
                 "targets": extra}
 
 
+# %% book/02_aux_losses.md, section 2.5 The losses as one component
 class AuxObjective(nn.Module):
     """AuxLosses as the trainer's objective: (model, x, y, state, progress) -> (losses, state).
 
@@ -162,6 +170,7 @@ class AuxObjective(nn.Module):
                 "aux_targets": parts["targets"].detach()}, None
 
 
+# %% book/02_aux_losses.md, section 2.7 Evaluating the way the paper does
 def sliding_windows(n: int, seq_len: int, stride: int = 1) -> list[tuple[int, int]]:
     """Windows that score bytes 1..n-1 of data [n] exactly once: (start, n_scored) pairs.
 
@@ -182,6 +191,7 @@ def sliding_windows(n: int, seq_len: int, stride: int = 1) -> list[tuple[int, in
     return windows
 
 
+# %% book/02_aux_losses.md, section 2.7 Evaluating the way the paper does
 @torch.no_grad()
 def evaluate_bpc_sliding(model: nn.Module, data: torch.Tensor, *, seq_len: int, stride: int = 1,
                          batch_size: int = 64) -> float:

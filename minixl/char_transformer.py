@@ -15,6 +15,8 @@ __all__ = [
     'check_sampling_args', 'sample_next', 'generate',
 ]
 
+# %% book/01_char_transformer.md, section 1. A character-level language model with a masked transformer
+
 import contextlib
 import math
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# %% book/01_char_transformer.md, section 1.2 Attention, and the mask that makes it causal
 def causal_mask(qlen: int, klen: int | None = None, *, device=None) -> torch.Tensor:
     """Bool [qlen, klen], True where query i may attend key j: j <= (klen - qlen) + i.
 
@@ -38,6 +41,7 @@ def causal_mask(qlen: int, klen: int | None = None, *, device=None) -> torch.Ten
     return j <= (klen - qlen) + i
 
 
+# %% book/01_char_transformer.md, section 1.2 Attention, and the mask that makes it causal
 def attention_weights(q: torch.Tensor, k: torch.Tensor,
                       mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) over keys: q [B, H, Tq, D], k [B, H, Tk, D] -> [B, H, Tq, Tk]."""
@@ -60,6 +64,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return attention_weights(q, k, mask) @ v  # (B, H, Tq, D)
 
 
+# %% book/01_char_transformer.md, section 1.3 Many heads
 def _check_heads(d_model: int, n_head: int) -> None:
     if n_head < 1 or d_model % n_head:
         raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}; pick n_head "
@@ -99,6 +104,7 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
 
 
+# %% book/01_char_transformer.md, section 1.4 The block
 class Block(nn.Module):
     """One transformer layer, [B, T, C] -> [B, T, C]. norm="pre" (default): x + attn(ln(x)),
     then x + ff(ln(x)); norm="post" (the original transformer's): ln(x + attn(x)), then
@@ -123,6 +129,7 @@ class Block(nn.Module):
         return x + self.drop(self.ff(self.ln2(x)))
 
 
+# %% book/01_char_transformer.md, section 1.5 Where is each byte? Two ways to say it
 def sinusoid_positions(length: int, d_model: int, *, device=None) -> torch.Tensor:
     """Sinusoidal position table [length, d_model]: [sin | cos] halves, angle p / 10000^(2k/d)."""
     inv_freq = 1.0 / 10000 ** (torch.arange(0, d_model, 2, device=device).float() / d_model)
@@ -130,6 +137,7 @@ def sinusoid_positions(length: int, d_model: int, *, device=None) -> torch.Tenso
     return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, d)
 
 
+# %% book/01_char_transformer.md, section 1.5 Where is each byte? Two ways to say it
 POSITIONS = ("per_layer", "sinusoid", "none")
 
 
@@ -237,6 +245,7 @@ class CharTransformer(nn.Module):
         return logits, context[:, max(0, context.size(1) - self.config.block_size + 1):]
 
 
+# %% book/01_char_transformer.md, section 1.6 The leakage test
 @contextlib.contextmanager
 def eval_mode(model: nn.Module):
     """Run a block with the model in eval mode (no dropout), then restore its mode."""
@@ -248,6 +257,7 @@ def eval_mode(model: nn.Module):
         model.train(was_training)
 
 
+# %% book/01_char_transformer.md, section 1.6 The leakage test
 def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """[T, T]: how much output i depends on input j, for tokens [T].
 
@@ -277,6 +287,7 @@ def leakage_matrix(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
+# %% book/01_char_transformer.md, section 1.7 Training on a CPU
 @torch.no_grad()
 def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int,
                  batch_size: int = 16) -> float:
@@ -301,6 +312,7 @@ def evaluate_bpc(model: nn.Module, data: torch.Tensor, *, seq_len: int,
     return total / (len(data) - 1) / math.log(2)
 
 
+# %% book/01_char_transformer.md, section 1.7 Training on a CPU
 def lr_at(step: int, steps: int, *, lr: float, warmup: int = 0,
           min_lr_frac: float = 0.1) -> float:
     """Learning rate of step `step` (0-based) of `steps`: linear warm-up to lr over `warmup`
@@ -312,6 +324,7 @@ def lr_at(step: int, steps: int, *, lr: float, warmup: int = 0,
     return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+# %% book/01_char_transformer.md, section 1.7 Training on a CPU / Sampling
 def check_sampling_args(prompt: torch.Tensor, temperature: float, top_k: int | None) -> None:
     """Raise a clear ValueError for an empty prompt, a temperature that is not a finite number
     above 0, or top_k < 1."""

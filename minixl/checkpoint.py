@@ -8,13 +8,19 @@ plain values but cannot run code:
     step          optimiser steps whose update is in the weights
     model         the model's state_dict (plain keys, also for a compiled model)
     model_config  the model's config, as a dict
-    meta          {"kind": "char" | "shaw" | "xl" ..., "corpus": name, "corpus_sha256": digest}
+    meta          what the run was, beside its settings (part of the resume check):
+                  "kind" (the model kind's name), "kind_source" (MODULE:NAME, for a kind
+                  from outside minixl), "objective" (the objective's options, for kinds
+                  that have some: "positions targets=1"), "corpus" ({"source": the name
+                  or path given, "sha256": the digest of its bytes})
     train_config  the TrainConfig, as a dict (one written before a field existed lacks it:
-                  the trainer reads it as the value it had then, minixl.trainer.BEFORE)
+                  the trainer reads it as the value it had then, run_folder.BEFORE)
     objective     the objective's own weights (Chapter 2's extra heads; often empty)
     optimizer     the optimiser's state_dict
     state         what the model carries from batch to batch (Transformer-XL's memory) or None;
-                  always the whole batch's rows, also when several processes trained it
+                  always the whole batch's rows, also when several processes trained it;
+                  tensors in lists, tuples and dicts as they are, a named tuple or dataclass
+                  as a dict that names its class (minixl.training.state)
 """
 
 from __future__ import annotations

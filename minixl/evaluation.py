@@ -12,12 +12,18 @@ protocol, as the trainer (held-out bpc) and `minixl eval` do:
   seq_len with the model's state (Transformer-XL's memory) carried from one to the next;
 - ``infill``: Chapter 5's `evaluate_infill`, a span of `INFILL_SPAN` bytes in the middle of
   each window of seq_len, read left to right within the span with both sides seen: it needs
-  a model that sees both sides (an XLNet), so it has no left-to-right counterpart.
+  a model whose query stream reads a span from both sides (forward(..., masks=...,
+  target_mapping=...), Chapter 5), so it has no left-to-right counterpart.
+
+Which protocols suit a model is a fact of its kind (`minixl.models.ModelKind.protocols`);
+this module only checks that a model can be read the way a protocol reads it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import inspect
 
 import torch
 import torch.nn as nn
@@ -27,7 +33,8 @@ from .char_transformer import evaluate_bpc
 from .device import autocast
 from .transformer_xl import evaluate_bpc_xl
 
-__all__ = ["PROTOCOLS", "Evaluation", "evaluate", "memory_streams"]
+__all__ = ["PROTOCOLS", "INFILL_SPAN", "Evaluation", "evaluate", "check_protocol",
+           "memory_streams"]
 
 PROTOCOLS = ("all-positions", "sliding", "memory", "infill")
 INFILL_SPAN = 8  # bytes scored per window by the infill protocol
@@ -52,6 +59,27 @@ def memory_streams(n_bytes: int, seg_len: int, max_streams: int) -> int:
     return max(1, min(max_streams, (n_bytes - 1) // (32 * seg_len)))
 
 
+def check_protocol(protocol: str, seq_len: int, *, model: nn.Module | None = None,
+                   what: str = "seq_len") -> None:
+    """A clear error when a protocol cannot score windows (or segments) of seq_len, or
+    cannot read `model`; `what` names the setting that gave seq_len."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if protocol != "infill":
+        return
+    if seq_len <= INFILL_SPAN:
+        raise ValueError(f"{what} {seq_len} is too short for the infill protocol, a span of "
+                         f"{INFILL_SPAN} bytes inside each window: use {what} "
+                         f"{INFILL_SPAN + 1} or more")
+    if model is not None and "target_mapping" not in inspect.signature(model.forward).parameters:
+        raise ValueError(f"the infill protocol needs a model that sees both sides of a span (a "
+                         f"query stream: forward(..., masks=..., target_mapping=...), as in "
+                         f"Chapter 5); a {type(model).__name__} reads left to right only: use "
+                         "all-positions, sliding or memory")
+
+
 def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: int,
              stride: int | None = None, batch_size: int = 64) -> Evaluation:
     """Bits per byte of data [N] under a named protocol (see the module docstring).
@@ -59,29 +87,16 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: in
     seq_len is the window (all-positions, sliding, infill) or the segment length (memory);
     batch_size is windows per forward pass, or at most that many streams with memory.
     """
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
-    for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_protocol(protocol, seq_len, model=model)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if stride is not None and protocol != "sliding":
         raise ValueError("a stride applies to the sliding protocol only")
     if len(data) < 2:
         raise ValueError(f"need at least 2 bytes to score one prediction, got {len(data)}")
-    if protocol == "infill":
-        from .xlnet import XLNet, evaluate_infill
-
-        if not isinstance(model, XLNet):
-            raise ValueError(f"the infill protocol needs a model that sees both sides of a span "
-                             f"(an XLNet); a {type(model).__name__} reads left to right only: "
-                             "use all-positions, sliding or memory")
-        if seq_len <= INFILL_SPAN:
-            raise ValueError(f"the infill protocol scores spans of {INFILL_SPAN} bytes inside "
-                             f"windows of seq_len, so seq_len must be more than {INFILL_SPAN}, "
-                             f"got {seq_len}")
-        if len(data) < seq_len:
-            raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
-                             f"bytes, got {len(data)}")
+    if protocol == "infill" and len(data) < seq_len:
+        raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
+                         f"bytes, got {len(data)}")
     with autocast(next(model.parameters()).device):
         if protocol == "all-positions":
             bpc = evaluate_bpc(model, data, seq_len=seq_len, batch_size=batch_size)
@@ -93,6 +108,8 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: in
             how = (f"sliding windows of {seq_len}, the last {stride} position"
                    f"{'s' * (stride > 1)} of each scored")
         elif protocol == "infill":
+            from .xlnet import evaluate_infill
+
             bpc = evaluate_infill(model, data, seq_len=seq_len, span=INFILL_SPAN,
                                   reading="sequential", batch_size=batch_size)
             n = len(data) // seq_len

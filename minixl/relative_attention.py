@@ -14,6 +14,8 @@ __all__ = [
     'shaw_form', 'shaw_attention_cost', 'ShawRelativeAttention', 'shaw_factory',
 ]
 
+# %% book/03_relative_attention.md, section 3. Relative position representations
+
 import math
 import time
 from typing import Callable
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 from .char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
 
 
+# %% book/03_relative_attention.md, section 3.2 Edges between positions
 def relative_index(qlen: int, klen: int, max_relative: int, *, device=None) -> torch.Tensor:
     """Long [qlen, klen]: clip(j - i, -K, K) + K, the row of the distance table for (i, j).
 
@@ -39,6 +42,7 @@ def relative_index(qlen: int, klen: int, max_relative: int, *, device=None) -> t
     return (j - i).clamp(-max_relative, max_relative) + max_relative
 
 
+# %% book/03_relative_attention.md, section 3.3 The plainest version: a loop over pairs
 def _distance_tables(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch.Tensor,
                      w_v: torch.Tensor) -> int:
     """Validate the shapes of a relative attention call; return K, the clipping distance."""
@@ -75,6 +79,7 @@ def shaw_attention_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: 
     return out
 
 
+# %% book/03_relative_attention.md, section 3.4 The paper's efficient form
 def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             w_k: torch.Tensor, w_v: torch.Tensor,
                             mask: torch.Tensor | None = None, *,
@@ -97,6 +102,7 @@ def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return p @ v + value_pos
 
 
+# %% book/03_relative_attention.md, section 3.5 Fewer products: there are only 2k + 1 distances
 def distance_weights(p: torch.Tensor, index: torch.Tensor, n_distances: int) -> torch.Tensor:
     """The attention each query pays to each distance: p [B, H, Tq, Tk] summed into the
     columns that index [Tq, Tk] names -> [B, H, Tq, n_distances]."""
@@ -124,6 +130,7 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w_k: torch
     return p @ v + distance_weights(p, idx, 2 * K + 1) @ w_v  # (B, H, Tq, 2K+1) @ (2K+1, D)
 
 
+# %% book/03_relative_attention.md, section 3.6 What each costs
 SHAW_FORMS = {"bucket": shaw_attention, "gathered": shaw_attention_gathered}
 SHAW_GATHER_PAIRS = 16 * 16  # the gathered form up to this many (query, key) pairs
 
@@ -167,6 +174,7 @@ def shaw_attention_cost(method: str, T: int, *, max_relative: int = 16, batch: i
             "torch": torch.__version__}
 
 
+# %% book/03_relative_attention.md, section 3.7 The module, and length generalisation
 class ShawRelativeAttention(MultiHeadAttention):
     """Multi-head self-attention with relative positions: x [B, T, C] -> [B, T, C].
 

@@ -16,6 +16,8 @@ __all__ = [
     'attention_layer_cost', 'loglog_slope',
 ]
 
+# %% book/06_segtree.md, section 6. The SegTree Transformer: attention over a tree of spans
+
 import math
 import resource
 import time
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from .char_transformer import CharTransformer, causal_mask
 
 
+# %% book/06_segtree.md, section 6.2 The segment tree
 def tree_sizes(n: int) -> list[int]:
     """Nodes per level of the segment tree over n leaves: n, ceil(n/2), ..., 1."""
     if n < 1:
@@ -48,6 +51,7 @@ def node_span(n: int, level: int, p: int) -> tuple[int, int]:
     return p << level, min((p + 1) << level, n) - 1
 
 
+# %% book/06_segtree.md, section 6.2 The segment tree
 EDGE_KINDS = ("left", "right", "anc")
 
 
@@ -90,6 +94,7 @@ def leaf_context_loop(n: int, i: int, *, k: int = 1, causal: bool = False) -> li
     return ctx
 
 
+# %% book/06_segtree.md, section 6.3 The whole graph, built at once
 @dataclass
 class NodeGroup:
     """Nodes that attend alike: nodes [G]; for each, D padded neighbours index [G, D] (node
@@ -178,6 +183,7 @@ def segtree_graph(n: int, k: int = 1, causal: bool = False, *, device=None) -> S
     return SegTreeGraph(n, k, causal, sizes, groups)
 
 
+# %% book/06_segtree.md, section 6.4 Message passing on the tree
 def graph_mask(graph: SegTreeGraph) -> tuple[torch.Tensor, torch.Tensor]:
     """The same graph as dense [N, N] tables: may-attend mask and edge type (reference only:
     O(N^2) memory)."""
@@ -232,6 +238,7 @@ def segtree_attention_dense(attn: SegTreeAttention, x: torch.Tensor,
     return attn.proj(out.transpose(1, 2).flatten(-2))
 
 
+# %% book/06_segtree.md, section 6.5 The model, causal for language modelling
 @dataclass
 class SegTreeConfig:
     """Sizes of a SegTreeTransformer: windows of block_size bytes, k neighbours per side and
@@ -350,6 +357,7 @@ class SegTreeTransformer(nn.Module):
         return self.classifier(self.nodes(tokens)[:, -1])
 
 
+# %% book/06_segtree.md, section 6.6 Cost
 LAYER_METHODS = ("segtree", "dense, written out", "dense, fused")
 
 

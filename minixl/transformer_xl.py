@@ -17,6 +17,8 @@ __all__ = [
     'fused_rel_attention',
 ]
 
+# %% book/04_transformer_xl.md, section 4. Transformer-XL: memory across segments
+
 import math
 import warnings
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from .char_transformer import causal_mask, eval_mode, sinusoid_positions
 from .data import stream_batches
 
 
+# %% book/04_transformer_xl.md, section 4.4 The relative score in four terms
 def relative_distances(qlen: int, klen: int, *, device=None) -> torch.Tensor:
     """Long [qlen, klen]: (klen - qlen + i) - j, how far key j lies behind query i.
 
@@ -55,6 +58,7 @@ def relative_positions(distances: torch.Tensor, d_model: int, clamp_len: int = 0
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+# %% book/04_transformer_xl.md, section 4.4 The relative score in four terms
 def rel_scores_naive(q: torch.Tensor, k: torch.Tensor, r_pair: torch.Tensor, u: torch.Tensor,
                      v: torch.Tensor) -> torch.Tensor:
     """The four terms, unscaled: q [B, H, Tq, D], k [B, H, Tk, D], u, v [H, D] -> [B, H, Tq, Tk].
@@ -68,6 +72,7 @@ def rel_scores_naive(q: torch.Tensor, k: torch.Tensor, r_pair: torch.Tensor, u: 
     return a + b + c + d
 
 
+# %% book/04_transformer_xl.md, section 4.5 The efficient computation: one product, then a shift
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
     """Scores against descending distances -> scores against keys; [..., Tq, Tk] -> [..., Tq, Tk].
 
@@ -95,6 +100,7 @@ def rel_scores(q: torch.Tensor, k: torch.Tensor, r_k: torch.Tensor, u: torch.Ten
     return ac + bd
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 ATTENTION_IMPLS = ("eager", "sdpa", "flex")
 
 
@@ -121,6 +127,7 @@ def attention_mask(impl: str, qlen: int, klen: int, device=None):
                              device=device)
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 @dataclass
 class TransformerXLConfig:
     """Sizes of a TransformerXL: segments of tgt_len, memories of mem_len per layer.
@@ -163,6 +170,7 @@ class TransformerXLConfig:
         check_attention_impl(self.attention_impl, clamp_len=self.clamp_len, dropatt=self.dropatt)
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 class RelMultiHeadAttention(nn.Module):
     """Attention over [mem; h] with residual and layer norm: h [B, Tq, C] -> [B, Tq, C].
 
@@ -223,6 +231,7 @@ class RelMultiHeadAttention(nn.Module):
         return out if self.pre_lnorm else self.layer_norm(out)
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 class PositionwiseFF(nn.Module):
     """The feed-forward sublayer with residual and layer norm: [B, T, C] -> [B, T, C]."""
 
@@ -255,6 +264,7 @@ class XLLayer(nn.Module):
         return self.pos_ff(self.dec_attn(h, pos_emb, mem, mask))
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 class TransformerXL(nn.Module):
     """Transformer-XL language model: tokens [B, T], mems -> logits [B, T, V], new mems.
 
@@ -354,6 +364,7 @@ class TransformerXL(nn.Module):
         return out
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 class NoMemory(nn.Module):
     """A TransformerXL used as a plain windowed model: tokens [B, T] -> logits [B, T, V]."""
 
@@ -366,6 +377,7 @@ class NoMemory(nn.Module):
         return self.model(tokens, mem_len=0)[0]
 
 
+# %% book/04_transformer_xl.md, section 4.6 The model
 def sharpened(model: nn.Module, factor: float = 10.0) -> nn.Module:
     """The model, in place, with its weight matrices and XL's u, v multiplied by factor: at
     initialisation attention is nearly uniform, and equality tests on it see little."""
@@ -376,6 +388,7 @@ def sharpened(model: nn.Module, factor: float = 10.0) -> nn.Module:
     return model
 
 
+# %% book/04_transformer_xl.md, section 4.7 Evaluating with memory
 @torch.no_grad()
 def stream_nll(model: nn.Module, data: torch.Tensor, *, tgt_len: int | None = None,
                batch_size: int = 1, **step_kw) -> torch.Tensor:
@@ -398,6 +411,7 @@ def evaluate_bpc_xl(model: nn.Module, data: torch.Tensor, **kwargs) -> float:
     return stream_nll(model, data, **kwargs).mean().item() / math.log(2)
 
 
+# %% book/04_transformer_xl.md, section 4.7 Evaluating with memory / What the memory should hold
 @dataclass
 class KVCache:
     """Transformer-XL's memory as keys and values, for inference: per layer keys and values
@@ -471,6 +485,7 @@ def xl_forward_cached(model: nn.Module, tokens: torch.Tensor, cache=None, *,
     return logits, KVCache(keys, values, table, clamp_len)
 
 
+# %% book/04_transformer_xl.md, section 4.11 One dot product: the attention as a fused kernel
 _compiled_flex = None
 
 

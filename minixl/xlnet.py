@@ -17,6 +17,8 @@ __all__ = [
     'masks_to_hf', 'INFILL_READINGS', 'span_bits', 'evaluate_infill',
 ]
 
+# %% book/05_xlnet.md, section 5. XLNet: permutation language modelling and two-stream attention
+
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from .char_transformer import eval_mode
 
 
+# %% book/05_xlnet.md, section 5.2 Permutation language modelling
 SEP = 256  # two symbols after the 256 bytes, for inputs [A, SEP, B, SEP, CLS]
 CLS = 257
 
@@ -70,6 +73,7 @@ def permutation_masks(order: torch.Tensor, *, n_predict: int | None = None
     return masks_from_ranks(order_ranks(order, n_predict))
 
 
+# %% book/05_xlnet.md, section 5.4 Two-stream attention / Relative positions in both directions
 def bidirectional_distances(qlen: int, klen: int, *, device=None) -> torch.Tensor:
     """Long [klen + qlen - 1]: klen - 1, klen - 2, ..., -(qlen - 1), every distance
     (klen - qlen + i) - j that a query i of the segment has to a key j of [memory; segment]."""
@@ -108,6 +112,7 @@ def rel_gather(x: torch.Tensor, klen: int, q_pos: torch.Tensor) -> torch.Tensor:
     return x.gather(-1, index.expand(*x.shape[:-1], klen))
 
 
+# %% book/05_xlnet.md, section 5.4 Two-stream attention / The layer
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension where mask is True; a row with nothing to attend to
     gets all-zero weights (not NaN, and not uniform weights over keys it must not see)."""
@@ -165,6 +170,7 @@ class TwoStreamAttention(nn.Module):
         return h, g
 
 
+# %% book/05_xlnet.md, section 5.4 Two-stream attention / The layer
 def two_stream_loop(attn: TwoStreamAttention, h, g, content_mask, query_mask, *, mems=None):
     """The plain version of one TwoStreamAttention layer (no segments, no dropout): every
     query of every stream, one at a time, scored against the keys its mask lets it see, with
@@ -195,6 +201,7 @@ def two_stream_loop(attn: TwoStreamAttention, h, g, content_mask, query_mask, *,
     return tuple(outs)
 
 
+# %% book/05_xlnet.md, section 5.5 Partial prediction and the full model
 class FeedForward(nn.Module):
     """XLNet's feed-forward sublayer (GELU), post-norm residual: [B, T, C] -> [B, T, C]."""
 
@@ -251,6 +258,7 @@ class XLNetConfig:
         return self.d_model // self.n_head
 
 
+# %% book/05_xlnet.md, section 5.5 Partial prediction and the full model
 class XLNetOutput(NamedTuple):
     logits: torch.Tensor  # [B, P, V]: the query stream at the targets
     mems: list  # n_layer tensors [B, M', C]: the content stream's inputs to each layer
@@ -368,6 +376,7 @@ class XLNet(nn.Module):
         return logits, context[:, max(0, context.size(1) - (self.config.seq_len - 1)):]
 
 
+# %% book/05_xlnet.md, section 5.5 Partial prediction and the full model
 TRAINING_KINDS = ("permutation", "independent", "causal")
 
 
@@ -408,6 +417,7 @@ class PermutationObjective(nn.Module):
         return {"loss": loss}, state
 
 
+# %% book/05_xlnet.md, section 5.7 The reference implementation
 def hf_state_dict(hf_state: dict, config: XLNetConfig) -> dict:
     """Rename and reshape the weights of a Hugging Face XLNetLMHeadModel for `XLNet`."""
     d, inner = config.d_model, config.n_head * config.d_head
@@ -483,6 +493,7 @@ def _from_hf(cls, source, **overrides) -> "XLNet":
 XLNet.from_hf = classmethod(_from_hf)
 
 
+# %% book/05_xlnet.md, section 5.8 Three objectives, one model: filling in spans
 INFILL_READINGS = ("sequential", "independent", "left", "causal")
 
 

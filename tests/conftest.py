@@ -1,7 +1,10 @@
-"""Shared fixtures: small trained runs, made once per test session through the command line.
+"""Shared fixtures: one table of tiny configurations for every model kind, and small trained
+runs made once per test session through the command line.
 
 Tests that only read a run (eval, sample, checkpoint errors) use these instead of training
-their own; tests that change a run copy it first (`copy_run`).
+their own; tests that change a run copy it first (`copy_run`). Tests marked `slow` (real
+subprocesses, several processes, signals, suites and experiments) are left out by
+`make test-fast`; `make test` runs them all.
 """
 
 import shutil
@@ -12,16 +15,54 @@ import torch
 
 from minixl.cli import main
 
-TINY = {
-    "char": ["--model", "char", "--n-layer", "1", "--d-model", "32", "--n-head", "2",
-             "--d-inner", "64", "--block-size", "32"],
-    "shaw": ["--model", "shaw", "--n-layer", "1", "--d-model", "32", "--n-head", "2",
-             "--d-inner", "64", "--block-size", "32", "--max-relative", "4"],
-    "xl": ["--model", "xl", "--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-head",
-           "16", "--d-inner", "64", "--tgt-len", "16", "--mem-len", "16"],
+# Every model kind at its tiniest: one layer, width 32, two heads (the sizes each test scales).
+SIZES = {"n_layer": 1, "d_model": 32, "n_head": 2, "d_inner": 64}
+TINY_CONFIGS = {
+    "char": dict(SIZES, block_size=32),
+    "shaw": dict(SIZES, block_size=32, max_relative=4),
+    "xl": dict(SIZES, d_head=16, tgt_len=16, mem_len=16),
+    "xlnet": dict(SIZES, seq_len=32, n_predict=6, mem_len=32),
+    "segtree": dict(SIZES, block_size=32, k=2),
 }
+TINY = {kind: ["--model", kind] + [a for name, value in config.items()
+                                   for a in (f"--{name.replace('_', '-')}", str(value))]
+        for kind, config in TINY_CONFIGS.items()}
 TRAIN = ["--batch-size", "4", "--eval-every", "4", "--eval-bytes", "2048", "--ckpt-every", "4",
          "--log-every", "2", "--device", "cpu", "--no-progress", "--sample-len", "0"]
+
+
+# `python -c SIGNAL_AT STEP SIGNALS ARGV...`: minixl's command line, in a process that sends
+# itself SIGNALS (comma-separated names) as the batch of step STEP (0-based) is read: a real
+# signal at a step known in advance, so that a test never depends on how fast a run goes.
+SIGNAL_AT = """
+import os, signal, sys
+from minixl import data
+from minixl.cli import main
+step, signals = int(sys.argv[1]), [getattr(signal, s) for s in sys.argv[2].split(",")]
+for cls in (data.RandomWindows, data.OrderedStreams):
+    def call(self, i, real=cls.__call__):
+        if i == step:
+            for s in signals:
+                os.kill(os.getpid(), s)
+        return real(self, i)
+    cls.__call__ = call
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def signalled_at(step: int, signals: str, argv: list[str]) -> list[str]:
+    """The command that runs `minixl ARGV` and signals itself at step `step` (see SIGNAL_AT)."""
+    import sys
+
+    return [sys.executable, "-c", SIGNAL_AT, str(step), signals, *argv]
+
+
+def tiny_model(kind: str, **changes):
+    """A tiny model of `kind` (TINY_CONFIGS with changes), built from a fixed seed."""
+    from minixl.models import KINDS
+
+    torch.manual_seed(0)
+    return KINDS[kind].build(KINDS[kind].config(**{**TINY_CONFIGS[kind], **changes}))
 
 
 def train_args(kind: str, out: Path, steps: int = 8, *extra: str) -> list[str]:
@@ -42,20 +83,28 @@ def small_corpus(tmp_path_factory) -> Path:
 
 def _trained(kind: str, tmp_path_factory, corpus: Path) -> Path:
     out = tmp_path_factory.mktemp(f"{kind}-run") / "run"
-    assert main(train_args(kind, out, 8, "--corpus", str(corpus))) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(train_args(kind, out, 8, "--corpus", str(corpus))) == 0
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
-@pytest.fixture(scope="session")
-def char_run(tmp_path_factory, small_corpus) -> Path:
-    """The folder of an 8-step tiny char run on small_corpus (checkpoint, metrics, plot)."""
-    return _trained("char", tmp_path_factory, small_corpus)
+def _run_fixture(kind: str, what: str):
+    """A session fixture: the folder of an 8-step tiny run of `kind` on small_corpus."""
+    def run(tmp_path_factory, small_corpus) -> Path:
+        return _trained(kind, tmp_path_factory, small_corpus)
+
+    run.__doc__ = f"The folder of an 8-step tiny {what} run on small_corpus."
+    return pytest.fixture(scope="session", name=f"{kind}_run")(run)
 
 
-@pytest.fixture(scope="session")
-def xl_run(tmp_path_factory, small_corpus) -> Path:
-    """The folder of an 8-step tiny Transformer-XL run on small_corpus."""
-    return _trained("xl", tmp_path_factory, small_corpus)
+char_run = _run_fixture("char", "char (checkpoint, metrics, plot)")
+xl_run = _run_fixture("xl", "Transformer-XL")
+xlnet_run = _run_fixture("xlnet", "XLNet (held-out infill at 4 and 8)")
+segtree_run = _run_fixture("segtree", "SegTree")
 
 
 @pytest.fixture

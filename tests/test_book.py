@@ -44,11 +44,13 @@ def repo_copy(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_book_check_passes_on_the_repo():
     r = book_check(ROOT)
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_book_check_fails_on_a_hand_edited_module(repo_copy):
     mod = repo_copy / "minixl" / "char_transformer.py"
     mod.write_text(mod.read_text() + "\nHAND_EDIT = 1\n")
@@ -56,6 +58,7 @@ def test_book_check_fails_on_a_hand_edited_module(repo_copy):
     assert r.returncode == 1 and "char_transformer.py is out of date" in r.stderr
 
 
+@pytest.mark.slow
 def test_book_check_fails_when_a_pair_is_out_of_sync(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
     md.write_text(md.read_text().replace("attention is blind to order", "changed", 1)
@@ -64,6 +67,7 @@ def test_book_check_fails_when_a_pair_is_out_of_sync(repo_copy):
     assert r.returncode == 1 and "differ" in r.stderr
 
 
+@pytest.mark.slow
 def test_book_check_fails_when_a_side_is_missing(repo_copy):
     (repo_copy / "nbs" / "00_preface.ipynb").unlink()
     r = book_check(repo_copy)
@@ -91,6 +95,7 @@ def nbval(folder: Path, budget: str | None, **env_vars: str) -> subprocess.Compl
         capture_output=True, text=True, env=env)
 
 
+@pytest.mark.slow
 def test_nbval_and_budget_guards(tmp_path):
     shutil.copy(ROOT / "nbs" / "conftest.py", tmp_path / "conftest.py")
     tiny_notebook(tmp_path / "good.ipynb", "2\n")
@@ -102,6 +107,7 @@ def test_nbval_and_budget_guards(tmp_path):
     assert nbval(tmp_path, "600").returncode == 1
 
 
+@pytest.mark.slow
 def test_calibrated_budget_passes_a_tiny_notebook_and_catches_an_over_budget_one(tmp_path):
     conftest = ROOT / "nbs" / "conftest.py"
     shutil.copy(conftest, tmp_path / "conftest.py")
@@ -170,6 +176,7 @@ def test_jupyterlab_opens_either_side_of_each_pair(side):
         assert model["type"] == "notebook" and model["content"]["cells"]
 
 
+@pytest.mark.slow
 def test_book_check_fails_on_a_stray_generated_module(repo_copy):
     src = (repo_copy / "minixl" / "char_transformer.py").read_text()
     (repo_copy / "minixl" / "old_chapter.py").write_text(src)
@@ -177,6 +184,7 @@ def test_book_check_fails_on_a_stray_generated_module(repo_copy):
     assert r.returncode == 1 and "old_chapter.py is generated but no chapter exports it" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_mistyped_directive_is_an_error_naming_it(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
     text = md.read_text()
@@ -192,6 +200,7 @@ def test_a_mistyped_directive_is_an_error_naming_it(repo_copy):
     assert {p.name: p.read_text() for p in (repo_copy / "minixl").glob("*.py")} == before
 
 
+@pytest.mark.slow
 def test_directive_written_with_a_space_exports_the_same(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
     text = md.read_text()
@@ -220,6 +229,7 @@ def test_generated_modules_import_minixl_relatively_only():
         ROOT / "minixl" / "relative_attention.py").read_text()
 
 
+@pytest.mark.slow
 def test_plain_import_of_minixl_in_an_export_cell_is_refused(repo_copy):
     md = repo_copy / "book" / "03_relative_attention.md"
     md.write_text(md.read_text() + "\n```{code-cell} ipython3\n#| export\n"
@@ -229,6 +239,7 @@ def test_plain_import_of_minixl_in_an_export_cell_is_refused(repo_copy):
     assert "must use 'from minixl.x import ...', not 'import minixl.char_transformer'" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
     md.write_text(md.read_text()
@@ -247,9 +258,10 @@ def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_cop
 
 
 def loaded_after(code: str) -> tuple[set[str], str]:
-    """The minixl modules a fresh interpreter has loaded after running code; its stdout."""
-    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted("
-                        "m for m in sys.modules if m.startswith('minixl')))"],
+    """The minixl modules (and torch._dynamo, if it is) a fresh interpreter has loaded after
+    running code; its stdout."""
+    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
+                        "sys.modules if m.startswith(('minixl', 'torch._dynamo'))))"],
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     *printed, modules = r.stdout.strip().splitlines()
@@ -257,9 +269,10 @@ def loaded_after(code: str) -> tuple[set[str], str]:
 
 
 LATER = {"minixl.transformer_xl", "minixl.aux_losses", "minixl.relative_attention",
-         "minixl.trainer"}
+         "minixl.training"}
 
 
+@pytest.mark.slow
 def test_chapter_one_imports_no_later_chapter():
     loaded, _ = loaded_after("import minixl.char_transformer")
     assert not loaded & (LATER | {"minixl.models", "minixl.evaluation"}), loaded
@@ -267,6 +280,7 @@ def test_chapter_one_imports_no_later_chapter():
     assert not loaded & LATER, loaded
 
 
+@pytest.mark.slow
 def test_checker_of_chapter_one_needs_no_later_chapter():
     loaded, out = loaded_after("import minixl\nfrom minixl import check\n"
                                "assert check.causal_mask(minixl.causal_mask)")
@@ -274,6 +288,7 @@ def test_checker_of_chapter_one_needs_no_later_chapter():
     assert "minixl.check" in loaded and not loaded & LATER, loaded
 
 
+@pytest.mark.slow
 def test_sampling_and_evaluating_from_the_cli_never_load_the_trainer(char_run):
     ckpt = str(char_run / "checkpoint.pt")
     loaded, out = loaded_after(
@@ -282,8 +297,10 @@ def test_sampling_and_evaluating_from_the_cli_never_load_the_trainer(char_run):
         f"assert main(['eval', '--checkpoint', {ckpt!r}, '--max-bytes', '200', "
         "'--device', 'cpu']) == 0")
     assert "bpc" in out
-    assert "minixl.cli" in loaded and "minixl.trainer" not in loaded  # bench lists its suites
-    # for the parser, but loads the trainer only to time it
+    # the parser lists the registry's entries, but loads the trainer only to train or time
+    assert "minixl.cli" in loaded and "minixl.training" not in loaded
+    # nor torch's compiler (about a second: an optimiser step loads it, nothing here does)
+    assert "torch._dynamo" not in loaded and "minixl.experiments.transformer_xl" not in loaded
 
 
 def test_the_package_offers_every_public_name_and_every_module():
@@ -304,6 +321,7 @@ def test_the_package_offers_every_public_name_and_every_module():
         minixl.nope
 
 
+@pytest.mark.slow
 def test_export_reproduces_the_package_init(repo_copy):
     init = repo_copy / "minixl" / "__init__.py"
     want = init.read_text()

@@ -1,6 +1,8 @@
 """Every checker passes the reference and names the typical mistake it was written to catch."""
 
+import importlib
 import math
+import re
 
 import pytest
 import torch
@@ -41,6 +43,24 @@ def test_every_checker_is_tested():
                                   "rel_shift_bi", "leaf_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments"}
+
+
+def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
+    """check.NAME is defined in minixl/check/MODULE.py, MODULE being the `#| default_exp` of the
+    first chapter whose text calls check.NAME(...)."""
+    from minixl import _book
+
+    home = {}  # checker -> the module of the first chapter that calls it
+    for md in _book.chapters():
+        module = _book._read_chapter(md)["module"]
+        for name in re.findall(r"\bcheck\.(\w+)\(", md.read_text()):
+            home.setdefault(name, module)
+    assert set(home) == set(check.__all__), "every checker is called by a chapter, and only those"
+    for name in check.__all__:
+        checker = getattr(check, name)
+        module = f"minixl.check.{home[name]}"
+        assert checker.__module__ == module, f"check.{name} is defined in {checker.__module__}"
+        assert getattr(importlib.import_module(module), name) is checker, name
 
 
 def test_causal_mask_checker_explains_memory_and_inversion(capsys):
@@ -526,6 +546,7 @@ def test_transformer_xl_checkers_pass_the_reference_and_name_each_slip(capsys):
                "batches, expected")
 
 
+@pytest.mark.slow
 def test_xl_two_segments_checker_passes_the_reference_and_names_each_slip(capsys):
     from minixl.transformer_xl import TransformerXL, TransformerXLConfig
 

@@ -9,9 +9,11 @@ import torch
 import torch._dynamo
 
 from minixl.models import KINDS
-from minixl.trainer import next_byte_objective
+from minixl.training import next_byte_objective
 
 T = 32  # training length of these checks (the tiny presets, shortened)
+
+pytestmark = pytest.mark.slow  # torch.compile takes seconds per model
 
 
 def build(name: str):
@@ -23,7 +25,7 @@ def build(name: str):
         fields["mem_len"] = T  # full after one step
     torch.manual_seed(0)
     model = kind.build(dataclasses.replace(cfg, **fields))
-    obj = kind.objective(cfg, "positions", 1)
+    obj = kind.build_objective(cfg, kind.objective_options("tiny"))
     if obj is None:
         return model, lambda x, y, state: next_byte_objective(model, x, y, state)
     return model, lambda x, y, state: obj(model, x, y, state, 0.0)

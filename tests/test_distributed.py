@@ -1,9 +1,13 @@
 """Several processes, as torchrun starts them: `python -m torch.distributed.run --nproc_per_node 2
 -m minixl train ... --device cpu` (gloo) trains as one process does on the same global batch,
 only rank 0 writes, and a SIGTERM to torchrun stops every process after the same step with a
-checkpoint that resumes on any number of processes."""
+checkpoint that resumes on any number of processes. A run that every process refuses is
+refused in one line, by rank 0, before any process leaves: once one has, torchrun ends the
+others, so which exit code each process reports is not the user's to see (and not
+asserted); what the user sees is."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,10 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import SIGNAL_AT, TINY
 from minixl.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow  # every test here starts processes under torchrun
+# A frame of minixl's own code in a traceback (torchrun prints its own when a worker fails).
+MINIXL_FRAME = re.compile(r'File "' + re.escape(str(ROOT / "minixl")) + "/")
 # One thread per process: two processes share this machine's cores.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
@@ -116,10 +124,11 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, sma
     r = subprocess.run([*TORCHRUN, "--monitor-interval", "2"] + _args(
         "char", tmp_path / "run", small_corpus, 2, "--batch-size", "6", "--grad-accum", "2"),
         capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
-    assert r.returncode != 0 and r.stderr.count("exitcode  : 2 ") == 2, r.stderr
+    assert r.returncode != 0, r.stderr
     message = ("minixl train: error: batch_size 6 does not split into 2 processes x 2 "
                "micro-batches (grad_accum): use a batch size that is a multiple of 4")
     assert r.stderr.count(message) == 1, r.stderr  # said once, by rank 0
+    assert not MINIXL_FRAME.search(r.stderr), r.stderr  # torchrun's own traceback only
     assert not (tmp_path / "run").exists()
 
 
@@ -132,8 +141,9 @@ def test_rank_0s_refusal_reaches_every_process(tmp_path, small_corpus):
     r = subprocess.run([*TORCHRUN, "--monitor-interval", "2"] + _args(
         "char", run, small_corpus, 2), capture_output=True, text=True, cwd=ROOT, env=ENV,
         timeout=300)
-    assert r.returncode != 0 and r.stderr.count("exitcode  : 2 ") == 2, r.stderr
+    assert r.returncode != 0, r.stderr
     assert r.stderr.count(f"minixl train: error: {run} already holds a run (metrics.csv)") == 1
+    assert not MINIXL_FRAME.search(r.stderr), r.stderr
     assert (run / "metrics.csv").read_text() == "someone else's\n"
 
 
@@ -144,57 +154,66 @@ def _rows(metrics: Path) -> int:
         return 0
 
 
+LONG = 100_000  # steps of a run that a signal stops long before its end, however fast it goes
+
+
+def _signalled_at(tmp_path: Path, step: int, cmd: list[str], processes: int):
+    """Run `minixl ...` (cmd as _args makes it) in `processes` processes, each sending itself a
+    SIGINT as it reads the batch of step `step`: every process stops after step + 1."""
+    script = tmp_path / "signal_at.py"
+    script.write_text(SIGNAL_AT)
+    argv = [str(script), str(step), "SIGINT", *cmd[2:]]  # without "-m minixl"
+    proc = subprocess.Popen((TORCHRUN if processes == 2 else [sys.executable]) + argv,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=ENV)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and f"stopped after step {step + 1}" in err, out + err
+
+
 @pytest.mark.parametrize("resume_on", [2, 1], ids=["resumed-on-2", "resumed-on-1"])
 def test_sigterm_to_torchrun_stops_every_process_and_resumes_on_any_number(
         resume_on, tmp_path, small_corpus):
-    """torchrun passes a SIGTERM on to both processes; they stop after the same step, rank 0
-    saves the whole batch's memory. Resumed on 2 processes (each taking its rows back) the run
-    ends bit-exactly as a 2-process run that was never stopped; resumed on 1, it ends as that
-    run up to the order of float additions (which 190 steps of Adam grow to about 1e-4)."""
-    steps, after = 200, 10
-    part, whole = tmp_path / "part", tmp_path / "whole"
-    for attempt in range(3):  # should the run outpace us and finish first, signal sooner
-        run = tmp_path / f"part{attempt}"
-        proc = subprocess.Popen(TORCHRUN + _args("xl", run, small_corpus, steps),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=ROOT, env=ENV)
-        try:
-            deadline = time.monotonic() + 120
-            while _rows(run / "metrics.csv") <= after and proc.poll() is None:
-                assert time.monotonic() < deadline, "the run never logged its steps"
-                time.sleep(0.005)
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        stopped = load_checkpoint(run / "checkpoint.pt")["step"]
-        if stopped < steps:
-            break
-        after //= 4
-    else:
-        pytest.fail("the run finished before the signal, three times")
+    """torchrun passes a SIGTERM, sent at any moment, on to both processes; they stop after
+    the same step, rank 0 saves the whole batch's memory. Resumed on 2 processes (each taking
+    its rows back) and stopped 5 steps later, the run holds bit-exactly what a 2-process run
+    never stopped holds after as many steps; resumed on 1, the same up to the order of float
+    additions."""
+    part, whole, after = tmp_path / "part", tmp_path / "whole", 10
+    proc = subprocess.Popen(TORCHRUN + _args("xl", part, small_corpus, LONG),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while _rows(part / "metrics.csv") <= after and proc.poll() is None:
+            assert time.monotonic() < deadline, "the run never logged its steps"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    stopped = load_checkpoint(part / "checkpoint.pt")["step"]
     assert proc.returncode != 0, out + err
     assert err.count("minixl: SIGTERM received; finishing the current step") == 1, err
     assert err.count(f"minixl train: SIGTERM: stopped after step {stopped}; checkpoint saved "
-                     f"to {run / 'checkpoint.pt'}") == 1, err
-    assert after < stopped < steps
-    assert list(_losses(run)) == list(range(1, stopped + 1))
-    assert len(load_checkpoint(run / "checkpoint.pt", for_resume=True)["state"][0]) == 4
+                     f"to {part / 'checkpoint.pt'}") == 1, err
+    assert after < stopped < LONG
+    assert list(_losses(part)) == list(range(1, stopped + 1))
+    assert len(load_checkpoint(part / "checkpoint.pt", for_resume=True)["state"][0]) == 4
 
-    run.rename(part)
-    unbroken = _start(_args("xl", whole, small_corpus, steps), processes=2)
-    _run(_args("xl", part, small_corpus, steps, "--resume"), processes=resume_on)
-    _finish(unbroken)
+    end = stopped + 5
+    _signalled_at(tmp_path, end - 1, _args("xl", whole, small_corpus, LONG), processes=2)
+    _signalled_at(tmp_path, end - 1, _args("xl", part, small_corpus, LONG, "--resume"),
+                  processes=resume_on)
     a, b = _losses(part), _losses(whole)
-    assert list(a) == list(b) == list(range(1, steps + 1))
+    assert list(a) == list(b) == list(range(1, end + 1))
     if resume_on == 2:
         assert a == b
         _assert_close_checkpoints(part / "checkpoint.pt", whole / "checkpoint.pt", atol=0)
     else:  # the steps right after the resume read the memory each stream left
-        assert all(a[s] == pytest.approx(b[s], rel=1e-4) for s in range(1, stopped + 4))
-        _assert_close_checkpoints(part / "checkpoint.pt", whole / "checkpoint.pt", atol=3e-3)
+        assert all(a[s] == pytest.approx(b[s], rel=1e-4) for s in range(1, end + 1))
+        _assert_close_checkpoints(part / "checkpoint.pt", whole / "checkpoint.pt", atol=1e-4)
 
 
 def test_divergence_stops_every_process_at_the_same_step(tmp_path, small_corpus):
@@ -210,7 +229,8 @@ def test_divergence_stops_every_process_at_the_same_step(tmp_path, small_corpus)
     assert r.returncode != 0
     said = [line for line in r.stderr.splitlines() if "training diverged" in line]
     assert len(said) == 1 and said[0].startswith("minixl train: training diverged"), r.stderr
-    assert "none (no checkpoint was written)" in said[0]
-    # both processes stopped by themselves, with minixl's exit code for divergence
-    assert r.stderr.count("exitcode  : 3 ") == 2, r.stderr
+    assert "none (no checkpoint was written)" in said[0] and not MINIXL_FRAME.search(r.stderr)
+    # minixl's exit code for divergence, from the process torchrun saw end first (the
+    # other, if still tearing down, it ends itself)
+    assert "exitcode  : 3 " in r.stderr, r.stderr
     assert not (tmp_path / "run" / "checkpoint.pt").exists()

@@ -1,48 +1,197 @@
-"""The experiments behind the chapters' stored CSVs: each runs on a tiny setting here."""
+"""The registry of runs that write a CSV: both command lines are built from it, and every entry
+runs on a tiny setting here, through the real command line, and writes the columns the
+chapters read. (The numbers themselves are the runs' to report, not the tests'.)"""
 
 import csv
+import subprocess
+import sys
+from pathlib import Path
 
-from minixl.experiments import write_csv
+import pytest
+
+from minixl.cli import build_parser, main
+from minixl.experiments import EXPERIMENTS, build_parser as registry_parser, markdown_table, write_csv
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A tiny setting of every entry: the options, and the columns the CSV must hold first.
+TINY = {
+    "models": (["--preset", "tiny", "--models", "char,xl", "--batch-size", "2", "--steps", "1",
+                "--warmup", "0", "--device", "cpu"],
+               ["model", "preset", "device", "torch", "dtype", "compile", "params"]),
+    "positions": (["--depths", "1", "--seeds", "0,1", "--steps", "2"],
+                  ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]),
+    "depth": (["--depths", "1,2", "--seeds", "0", "--steps", "2", "--d-model", "8",
+               "--seq-len", "8", "--batch-size", "2", "--eval-bytes", "64"],
+              ["depth", "norm", "losses", "seed", "steps", "d_model", "seq_len", "train_bpc",
+               "valid_bpc", "seconds"]),
+    "shaw_cost": (["--lengths", "4,24", "--repeats", "1", "--device", "cpu"],
+             ["T", "max_relative", "device", "torch", "bucket_ms", "gathered_ms", "fastest",
+              "chosen"]),
+    "xl_eval_speed": (["--lengths", "8,16", "--tgt-len", "4", "--n-layer", "1", "--d-model",
+                       "8", "--n-head", "2", "--d-head", "4", "--d-inner", "8", "--passes", "1",
+                       "--streams", "2"],
+                      ["A", "tgt_len", "streams", "sliding_us", "states_us", "kv_us",
+                       "measured_states", "measured_kv", "predicted_states", "predicted_kv"]),
+    "xl_order": (["--seeds", "0", "--steps", "64", "--eval-bytes", "256"],
+                 ["arm", "seed", "steps", "bpc_at_64", "bpc_at_32", "last_train_bpc"]),
+    "hf-xl": (["--preset", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0",
+               "--rounds", "1", "--device", "cpu"],
+              ["preset", "device", "torch", "transformers", "dtype"]),
+    "segtree_cost": (["--max-n", "512", "--repeats", "1", "--device", "cpu"],
+                ["method", "n", "seconds", "peak_mb"]),
+}
 
 
-def test_write_csv_is_atomic_and_refuses_nothing_to_write(tmp_path):
-    path = write_csv([{"a": 1, "b": 2}, {"a": 3, "b": 4}], tmp_path / "x.csv")
-    assert list(csv.DictReader(open(path))) == [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}]
-    assert not list(tmp_path.glob("*.part"))
+def _hf_ready() -> bool:
+    from minixl.experiments.transformer_xl import HF_VERSION
     try:
-        write_csv([], tmp_path / "y.csv")
-    except ValueError as err:
-        assert "no rows" in str(err)
-    else:
-        raise AssertionError("an empty experiment must not write a CSV")
-    assert not (tmp_path / "y.csv").exists()
+        import transformers
+    except ImportError:
+        return False
+    return transformers.__version__.startswith(HF_VERSION + ".")
 
 
-def test_depth_sweep_writes_one_row_per_run_and_refuses_bad_options(tmp_path):
-    import subprocess
-    import sys
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
-    path = tmp_path / "depth.csv"
-    cmd = [sys.executable, "-m", "minixl.experiments", "depth", "--depths", "1,2",
-           "--seeds", "0", "--steps", "2", "--d-model", "8", "--seq-len", "8",
-           "--batch-size", "2", "--eval-bytes", "64", "--csv", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    rows = list(csv.DictReader(open(path)))
-    assert list(rows[0]) == ["depth", "norm", "losses", "seed", "steps", "d_model", "seq_len",
-                             "train_bpc", "valid_bpc", "seconds"]
-    assert [(r["depth"], r["norm"], r["losses"]) for r in rows] == [
-        (d, n, l) for d in ("1", "2") for n in ("pre", "post")
-        for l in ("positions", "positions+layers")]
-    assert all(0 < float(r["valid_bpc"]) < 12 for r in rows)
-    bad = subprocess.run(cmd[:-2] + ["--norms", "mid", "--csv", str(tmp_path / "bad.csv")],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--norms takes 'pre', 'post' or 'pre,post'" in bad.stderr
-    assert not (tmp_path / "bad.csv").exists()
+
+def test_both_command_lines_offer_every_entry_and_every_entry_a_tiny_setting_here():
+    entries = registry_parser()._subparsers._group_actions[0].choices
+    assert list(entries) == list(EXPERIMENTS) == list(TINY)
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    suite = next(a for a in bench._actions if a.dest == "suite")
+    assert list(suite.choices) == list(EXPERIMENTS)
+    for entry in EXPERIMENTS.values():
+        assert entry.csv.startswith("book/") and entry.csv.endswith(".csv"), entry.name
+        flags = {a.option_strings[0] for a in entries[entry.name]._actions if a.option_strings}
+        assert {o.flag for o in entry.options} | {"--csv", "--all-columns"} <= flags
+
+
+def test_write_csv_is_atomic_and_the_table_has_every_row(tmp_path):
+    rows = [{"a": 1, "b": 2.5, "c": None}, {"a": 12345, "b": 0.001, "c": "x"}]
+    path = write_csv(rows, tmp_path / "sub" / "t.csv")
+    assert [r["a"] for r in _read(path)] == ["1", "12345"]
+    assert not list(path.parent.glob("*.part"))
+    table = markdown_table(rows).splitlines()
+    assert table[0] == "| a | b | c |" and len(table) == 4 and "12,345" in table[3]
+    with pytest.raises(ValueError, match="no rows"):
+        write_csv([], tmp_path / "u.csv")
+    assert not (tmp_path / "u.csv").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_entry_writes_its_csv_from_the_command_line(name, tmp_path):
+    """`python -m minixl.experiments NAME` on a tiny setting, as a user runs it."""
+    options, columns = TINY[name]
+    path = tmp_path / f"{name}.csv"
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", name, *options, "--csv",
+                        str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if name == "hf-xl" and not _hf_ready():  # its clear error is tested below
+        assert r.returncode == 2 and not path.exists(), r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    rows = _read(path)
+    assert rows and list(rows[0])[:len(columns)] == columns, list(rows[0])
+    assert r.stdout.splitlines()[-1] == f"{len(rows)} rows written to {path}"
+    assert not list(tmp_path.glob("*.part"))
+
+
+@pytest.mark.slow
+def test_the_entries_measure_what_they_say(tmp_path, capsys):
+    """Values that hang together, through `minixl bench --suite NAME` (the same registry)."""
+    def run(name, *extra):
+        path = tmp_path / f"{name}.csv"
+        assert main(["bench", "--suite", name, *TINY[name][0], *extra, "--csv", str(path)]) == 0
+        return _read(path)
+
+    rows = run("shaw_cost")
+    assert [(int(r["T"]), int(r["max_relative"])) for r in rows] == [(4, 4), (4, 16), (24, 4),
+                                                                       (24, 16)]
+    for r in rows:
+        times = {"bucket": float(r["bucket_ms"]), "gathered": float(r["gathered_ms"])}
+        assert min(times.values()) > 0 and r["fastest"] == min(times, key=times.get)
+    # the chooser: gathered for 4 x 4 = 16 pairs, buckets for 24 x 24 = 576 (> 16 x 16)
+    assert [r["chosen"] for r in rows] == ["gathered", "gathered", "bucket", "bucket"]
+    assert "| T | max_relative |" in capsys.readouterr().out
+
+    rows = run("segtree_cost")
+    assert [(r["method"], int(r["n"])) for r in rows] == [
+        (m, n) for n in (256, 512) for m in ("segtree", "dense, written out", "dense, fused")]
+    assert all(float(r["seconds"]) > 0 and float(r["peak_mb"]) >= 0 for r in rows)
+    assert {r["device"] for r in rows} == {"cpu"}
+    text = capsys.readouterr().out
+    assert "segtree: n=256" in text and "(slope " in text
+
+    rows = run("xl_eval_speed")
+    assert [r["A"] for r in rows] == ["8", "16"]
+    assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
+    rows = run("xl_eval_speed", "--preset", "tiny", "--lengths", "256")  # tiny's sizes
+    assert [r["A"] for r in rows] == ["256"] and float(rows[0]["sliding_us"]) > 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["depth", "--depths", "1", "--norms", "mid"], "--norms takes 'pre', 'post' or 'pre,post'"),
+    (["positions", "--depths", "0"], "--depths needs at least one integer"),
+    (["xl_eval_speed", "--lengths", "2"], "every length >= tgt_len"),
+    (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
+    (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
+    (["models", "--models", "nope"], "unknown model 'nope'"),
+])
+def test_bad_options_are_one_clear_line_and_write_nothing(argv, message, tmp_path, capsys):
+    path = tmp_path / "x.csv"
+    from minixl.experiments import main as run_entry
+
+    assert run_entry([*argv, "--csv", str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "python -m minixl.experiments: error: "), err
+    assert message in err and "Traceback" not in err, err
+    assert not path.exists()
+
+
+def test_hf_xl_without_transformers_4_37_is_one_clear_line(tmp_path, capsys):
+    """With transformers 4.37.x the entry runs (a CSV); without it, exit 2 and one line that
+    says how to install it."""
+    if _hf_ready():
+        pytest.skip("transformers 4.37 is installed: the entry runs (tested above)")
+    out = tmp_path / "hf.csv"
+    assert main(["bench", "--suite", "hf-xl", *TINY["hf-xl"][0], "--csv", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minixl bench: error: hf-xl needs "
+                                                   "transformers 4.37.x"), lines
+    assert "pip install 'minixl[hf-transfoxl]'" in lines[0] and not out.exists()
+
+
+def test_the_extra_pins_the_last_transfoxl_release():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'hf-transfoxl = ["transformers==4.37.2"]' in text
+
+
+@pytest.mark.skipif(not _hf_ready(), reason="needs transformers 4.37.x (the hf-transfoxl "
+                    "extra); the clear error without it is tested above")
+def test_hf_xl_times_both_at_the_same_config():
+    import math
+
+    import torch
+
+    from minixl.experiments.transformer_xl import hf_transfoxl, hf_xl
+    from minixl.models import KINDS
+
+    sizes = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16)
+    (r,) = hf_xl(preset="tiny", batch_size=2, steps=2, warmup=1, rounds=2, device="cpu", **sizes)
+    assert r["minixl_tokens_per_s"] > 0 and r["hf_tokens_per_s"] > 0
+    assert math.isclose(r["ratio"], r["minixl_tokens_per_s"] / r["hf_tokens_per_s"])
+    assert r["minixl_params"] == r["hf_params"]
+    out = hf_transfoxl(KINDS["xl"].config(**sizes))(input_ids=torch.randint(0, 256, (2, 16)))
+    assert out.prediction_scores.shape == (2, 16, 256)
 
 
 def test_eval_flops_count_what_each_protocol_redoes():
-    from minixl.experiments import eval_flops_per_byte
+    from minixl.experiments.transformer_xl import eval_flops_per_byte
 
     sizes = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, vocab_size=10)
     # A segment as long as the window predicts A bytes with the work of one window.
@@ -56,63 +205,6 @@ def test_eval_flops_count_what_each_protocol_redoes():
     ratio = [eval_flops_per_byte("sliding", a, **sizes) / eval_flops_per_byte("kv", a, **sizes)
              for a in (256, 512, 1024)]
     assert ratio[0] < ratio[1] < ratio[2]
-    for bad in [("window", 64), ("kv", 16)]:
-        try:
+    for bad, message in [(("window", 64), "protocol"), (("kv", 16), "tgt_len")]:
+        with pytest.raises(ValueError, match=message):
             eval_flops_per_byte(*bad, **sizes)
-        except ValueError as err:
-            assert "protocol" in str(err) or "tgt_len" in str(err)
-        else:
-            raise AssertionError(f"{bad} must be refused")
-
-
-def test_xl_eval_speed_and_xl_order_write_their_csvs(tmp_path):
-    import subprocess
-    import sys
-
-    path = tmp_path / "speed.csv"
-    cmd = [sys.executable, "-m", "minixl.experiments", "xl_eval_speed", "--lengths", "8,16",
-           "--tgt-len", "4", "--n-layer", "1", "--d-model", "8", "--n-head", "2", "--d-head",
-           "4", "--d-inner", "8", "--passes", "1", "--streams", "2", "--csv", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    rows = list(csv.DictReader(open(path)))
-    assert list(rows[0]) == ["A", "tgt_len", "streams", "sliding_us", "states_us", "kv_us",
-                             "measured_states", "measured_kv", "predicted_states",
-                             "predicted_kv"]
-    assert [r["A"] for r in rows] == ["8", "16"]
-    assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
-    bad = subprocess.run(cmd[:-2] + ["--lengths", "2", "--csv", str(tmp_path / "bad.csv")],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "every length >= tgt_len" in bad.stderr
-    assert not (tmp_path / "bad.csv").exists()
-
-    path = tmp_path / "order.csv"
-    done = subprocess.run([sys.executable, "-m", "minixl.experiments", "xl_order", "--seeds",
-                           "0", "--steps", "64", "--eval-bytes", "256", "--csv", str(path)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    rows = list(csv.DictReader(open(path)))
-    assert list(rows[0]) == ["arm", "seed", "steps", "bpc_at_64", "bpc_at_32", "last_train_bpc"]
-    assert [r["arm"] for r in rows] == ["ordered, stale memory", "ordered, no memory",
-                                        "random, fresh memory", "random, no memory"]
-    assert all(0 < float(r["bpc_at_64"]) < 9 for r in rows)
-
-
-def test_positions_writes_one_row_per_run_and_refuses_bad_options(tmp_path):
-    import subprocess
-    import sys
-
-    path = tmp_path / "positions.csv"
-    cmd = [sys.executable, "-m", "minixl.experiments", "positions", "--depths", "1",
-           "--seeds", "0,1", "--steps", "2", "--csv", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    rows = list(csv.DictReader(open(path)))
-    assert list(rows[0]) == ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]
-    assert [(r["seed"], r["pos"]) for r in rows] == [
-        (s, p) for s in ("0", "1") for p in ("per_layer", "sinusoid")]
-    assert all(0 < float(r["valid_bpc"]) < 12 for r in rows)
-    bad = subprocess.run(cmd[:-2] + ["--depths", "0", "--csv", str(tmp_path / "bad.csv")],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--depths needs at least one integer" in bad.stderr
-    assert not (tmp_path / "bad.csv").exists()

@@ -91,6 +91,7 @@ def small(**kw):
                                             block_size=32, **kw)).eval()
 
 
+@pytest.mark.slow
 def test_the_causal_model_does_not_leak_and_the_bidirectional_one_reads_ahead():
     text = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(1))
     leak = leakage_matrix(small(), text)

@@ -19,7 +19,11 @@ needs_jupyter_book = pytest.mark.skipif(
 
 def test_the_api_page_documents_every_module():
     api = (ROOT / "book" / "site" / "api.md").read_text()
-    modules = sorted(p.stem for p in (ROOT / "minixl").glob("[a-z]*.py") if p.stem != "__main__")
+    package = ROOT / "minixl"
+    modules = sorted(p.stem for p in package.glob("[a-z]*.py") if p.stem != "__main__")
+    modules += sorted(p.parent.name for p in package.glob("*/__init__.py"))  # the packages,
+    modules += sorted(f"{p.parent.name}.{p.stem}" for sub in ("training", "experiments")
+                      for p in (package / sub).glob("[a-z]*.py"))  # and what they are made of
     missing = [m for m in modules if f".. automodule:: minixl.{m}\n" not in api]
     assert not missing, f"book/site/api.md does not document {missing}"
 
@@ -69,6 +73,7 @@ def _build(tmp_path: Path, extra_markdown: str | None) -> subprocess.CompletedPr
                           capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 @needs_jupyter_book
 def test_the_site_builds_with_every_chapter_its_notebook_and_the_api(tmp_path):
     done = _build(tmp_path, None)
@@ -87,6 +92,7 @@ def test_the_site_builds_with_every_chapter_its_notebook_and_the_api(tmp_path):
         'THEBE_JS_URL = "https://unpkg.com', "")  # nothing else is fetched from a CDN
 
 
+@pytest.mark.slow
 @needs_jupyter_book
 def test_a_broken_link_or_a_missing_figure_fails_the_build(tmp_path):
     done = _build(tmp_path, "See [chapter 9](../nbs/09_missing.ipynb) and "

@@ -8,14 +8,12 @@ import torch.nn.functional as F
 from conftest import train_args
 
 import minixl
-from minixl.bench import bench
 from minixl.char_transformer import causal_mask, generate, leakage_matrix, sample_next
 from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
 from minixl.data import OrderedStreams, encode
 from minixl.evaluation import memory_streams
-from minixl.models import KINDS
-from minixl.trainer import TrainConfig, train
+from minixl.training import TrainConfig, train
 from minixl.transformer_xl import (NoMemory, TransformerXL, TransformerXLConfig, evaluate_bpc_xl,
                                    rel_scores, rel_scores_naive, rel_shift, relative_distances,
                                    relative_positions, sharpened, stream_nll)
@@ -373,6 +371,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_with_the_memory(tmp_path):
     data = torch.tensor([(i * 7) % 26 + 97 for i in range(3000)], dtype=torch.uint8)
     cfg = TrainConfig(steps=6, batch_size=4, lr=1e-3, warmup=0, eval_every=100, ckpt_every=3,
@@ -404,11 +403,6 @@ def test_resume_continues_exactly_with_the_memory(tmp_path):
         torch.testing.assert_close(ma, mb)
 
 
-def test_bench_xl_runs_on_cpu():
-    r = bench(KINDS["xl"], tiny(), batch_size=2, steps=2, warmup=1, device="cpu")
-    assert r["tokens_per_s"] > 0 and r["seq_len"] == 8 and r["model"] == "xl"
-
-
 def test_eval_streams_stay_long_enough_for_memory():
     assert memory_streams(10**5, 128, 64) == 24  # (10^5 - 1) // (32 * 128)
     assert memory_streams(10**8, 128, 64) == 64  # capped by the batch size
@@ -437,6 +431,7 @@ def _trained_like(cfg: TransformerXLConfig, seed: int = 0) -> TransformerXL:
     return model.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pre_lnorm", [False, True])
 @pytest.mark.parametrize("pos", ["relative", "absolute"])
 @pytest.mark.parametrize("mem_len", [0, 5, 8, 20])
@@ -583,6 +578,7 @@ def test_fused_attention_refuses_what_it_cannot_do():
     tiny(attention_impl="sdpa", dropatt=0.1)  # sdpa has attention dropout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["eager", "sdpa", "flex"])
 def test_xl_compiles_to_one_graph_without_steady_state_recompiles(impl):
     import torch._dynamo as dynamo

@@ -321,6 +321,7 @@ def test_masked_softmax_row_with_nothing_to_see_is_zero():
 
 # ---- 5. the identity order is a causal model
 
+@pytest.mark.slow
 def test_identity_order_content_stream_is_causal():
     """With the default (identity) order the content stream at i depends on tokens <= i only,
     and on token i itself; the query stream at i on tokens < i only."""
@@ -347,6 +348,7 @@ def test_identity_order_content_stream_is_causal():
                 assert (out.logits[:, i + 1] - base.logits[:, i + 1]).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_step_is_left_to_right_without_leakage():
     """step's logits[:, i] predict byte i + 1: they may read bytes 0..i (and do read byte i),
     never a later one; the extra slot after the last byte must not be seen either."""
@@ -498,6 +500,7 @@ def hf_and_ours(hf, ours, tokens, masks, targets, segments, hf_mems, our_mems):
     return h, o
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HF_CONFIGS))
 def test_logits_and_mems_equal_hugging_face(name):
     """Same weights, same inputs -> same logits and memory as transformers' XLNetLMHeadModel:
@@ -674,6 +677,7 @@ def test_training_masks_causal_is_left_to_right():
         PermutationObjective("bert")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", TRAINING_KINDS)
 def test_permutation_objective_loss_is_the_targets_cross_entropy(kind):
     """The objective's loss is the cross-entropy of the query stream at the targets against the

@@ -1,0 +1,34 @@
+"""Checkers for the exercises: call them on your own implementation.
+
+Hand-written (not generated). Each checker runs property tests against the
+reference in minixl, prints a short verdict that says what is wrong when
+something is, and returns True when every test passes.
+
+    >>> from minixl import check
+    >>> check.attention(my_attention)
+
+Each chapter's checkers live in the module named after the chapter's own module:
+minixl.check.char_transformer (Chapter 1), .aux_losses (2), .relative_attention (3),
+.transformer_xl (4), .xlnet (5) and .segtree (6); the verdict helpers they share are in
+minixl.check._common. A checker loads its references only when it runs, so a chapter's
+checkers work before later chapters' modules exist.
+"""
+
+from __future__ import annotations
+
+from .char_transformer import attention, causal_mask, sinusoid_positions
+from .aux_losses import ahead_pairs, intermediate_weight, sliding_windows
+from .relative_attention import distance_weights, relative_index, shaw_attention
+from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_batches,
+                             xl_two_segments)
+from .xlnet import permutation_masks, query_stream_mask, rel_shift_bi
+from .segtree import causal_tree_graph, gathered_attention, leaf_context
+
+
+__all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
+           "intermediate_weight", "sliding_windows", "ahead_pairs",  # Chapter 2
+           "shaw_attention", "relative_index", "distance_weights",  # Chapter 3
+           "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
+           "xl_two_segments",
+           "permutation_masks", "query_stream_mask", "rel_shift_bi",  # Chapter 5
+           "leaf_context", "causal_tree_graph", "gathered_attention"]  # Chapter 6

@@ -1,0 +1,124 @@
+"""Checkers for Chapter 2's exercises (auxiliary losses): intermediate_weight,
+sliding_windows and ahead_pairs (the extra targets), compared with the references in
+minixl.aux_losses or with what the chapter asks of them. Hand-written (not generated).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._common import _call, _ref, _verdict
+
+
+def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
+    """Check fn(layer, n_layer, progress) against Chapter 2's intermediate layer schedule."""
+    cases = [(l, n, p) for n in (2, 4, 16) for l in range(1, n)
+             for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.5, 1.0)]
+    for layer, n, p in cases:
+        got, err = _call(fn, layer, n, p)
+        if err:
+            return _verdict("intermediate_weight", err, len(cases))
+        want = _ref("aux_losses", "intermediate_weight")(layer, n, p)
+        try:
+            ok = abs(float(got) - want) < 1e-6
+        except (TypeError, ValueError):
+            return _verdict("intermediate_weight", f"expected a number, got {got!r}", len(cases))
+        if ok:
+            continue
+        stop = layer / (2 * n)
+        if float(got) == 0.0 and want > 0:
+            hint = (f"the loss is switched off too early (expected {want:.4f}); with integer "
+                    "division l // (2n) is 0 for every layer: use real division")
+        elif p == 0.0:
+            hint = f"at the start of training the weight of layer {layer} of {n} is {layer}/{n}"
+        elif p < stop:
+            hint = f"before its stop at {stop:g} the weight fades linearly; expected {want:.4f}"
+        else:
+            hint = f"from progress l/(2n) = {stop:g} on the weight is 0"
+        return _verdict("intermediate_weight", f"for layer={layer}, n_layer={n}, progress={p:g} "
+                        f"you return {got!r}: {hint}.", len(cases))
+    return _verdict("intermediate_weight", None, len(cases))
+
+
+def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
+    """Check fn(n, seq_len, stride) -> [(start, n_scored), ...] scores bytes 1..n-1 once each."""
+    cases = [(2, 4, 1), (11, 4, 1), (11, 4, 3), (11, 4, 4), (50, 8, 5), (9, 16, 2)]
+    for n, L, stride in cases:
+        got, err = _call(fn, n, L, stride)
+        if err:
+            return _verdict("sliding_windows", err, len(cases))
+        where = f"for n={n}, seq_len={L}, stride={stride}"
+        try:
+            windows = [(int(s), int(k)) for s, k in got]
+        except (TypeError, ValueError):
+            return _verdict("sliding_windows", f"{where}: expected a list of (start, n_scored) "
+                            f"pairs, got {got!r}", len(cases))
+        width = min(L, n - 1)
+        scored = []
+        for start, k in windows:
+            if start < 0 or start + width > n - 1 or not 1 <= k <= width:
+                return _verdict("sliding_windows", f"{where}: window ({start}, {k}) does not fit: "
+                                f"a window reads data[start:start + {width}] and needs its "
+                                "targets inside the data", len(cases))
+            scored += range(start + width - k + 1, start + width + 1)
+        missing = sorted(set(range(1, n)) - set(scored))
+        twice = sorted({t for t in scored if scored.count(t) > 1})
+        if missing or twice:
+            problem = (f"bytes {missing[:5]} are never scored" if missing
+                       else f"bytes {twice[:5]} are scored more than once")
+            return _verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
+                            "scored exactly once", len(cases))
+        want = _ref("aux_losses", "sliding_windows")(n, L, stride)
+        if windows != want:
+            return _verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
+                            f"the book's windows {want}: the first window "
+                            "scores all its positions, each later one starts `stride` bytes on",
+                            len(cases))
+    return _verdict("sliding_windows", None, len(cases))
+
+
+def ahead_pairs(fn: Callable[..., tuple]) -> bool:
+    """Check fn(h [B, T, C], targets [B, T], j) -> (h kept, targets kept): Chapter 2's extra
+    targets, where position t's state predicts the byte j steps after the next one."""
+    cases = [(1, 8, 1), (2, 8, 2), (1, 5, 4), (3, 6, 0)]
+    for B, T, j in cases:
+        # Position t of the window holds t in every channel; targets[t] is byte t + 1 (the
+        # next byte), so a correct pair reads (t, t + 1 + j).
+        h = torch.arange(T, dtype=torch.float).repeat(B, 3, 1).transpose(1, 2)  # (B, T, 3)
+        targets = torch.arange(1, T + 1).repeat(B, 1)  # (B, T)
+        got, err = _call(fn, h.clone(), targets.clone(), j)
+        if err:
+            return _verdict("ahead_pairs", err, len(cases))
+        where = f"for T={T}, j={j}"
+        try:
+            kept_h, kept_t = got
+            shapes = (tuple(kept_h.shape), tuple(kept_t.shape))
+        except (TypeError, ValueError, AttributeError):
+            return _verdict("ahead_pairs", f"{where}: expected a pair (h kept [B, T - j, C], "
+                            f"targets kept [B, T - j]), got {got!r}", len(cases))
+        want = ((B, T - j, 3), (B, T - j))
+        if shapes != want:
+            hint = ("one position too few: the byte j after the next exists for the first T - j "
+                    "positions" if shapes[1][-1:] == (T - j - 1,) else
+                    "the byte j after the next exists for the first T - j positions")
+            return _verdict("ahead_pairs", f"{where}: shapes {shapes}, expected {want}: {hint}.",
+                            len(cases))
+        pos, byte = kept_h[0, :, 0].long(), kept_t[0].long()  # which position predicts which byte
+        if torch.equal(byte - pos, torch.full_like(pos, 1 + j)):
+            continue
+        gap = (byte - pos)[0].item()
+        if gap == 1 and j:
+            hint = "each position predicts its next byte: that is the main loss, not j ahead"
+        elif gap < 0 or (j and gap == 1 - j):
+            hint = ("positions predict bytes before them: keep the first T - j states and drop "
+                    "the first j targets, not the other way round")
+        elif gap == 2 + j:
+            hint = ("one step too far: targets[t] is already the next byte, so the byte j after "
+                    "it is targets[t + j]")
+        else:
+            hint = f"position t must predict byte t + 1 + j = t + {1 + j}; it predicts t + {gap}"
+        return _verdict("ahead_pairs", f"{where}: position 0 predicts byte {byte[0].item()}: "
+                        f"{hint}.", len(cases))
+    return _verdict("ahead_pairs", None, len(cases))

@@ -1,0 +1,247 @@
+"""Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask and
+rel_shift_bi, compared with the references in minixl.xlnet; the helpers before them
+build the factorisation orders and name the typical slip of a wrong mask. Hand-written
+(not generated).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ._common import _call, _ref, _verdict
+
+
+def _bool_masks(got, where: str, shape: tuple, what: str) -> str | None:
+    """Why `got` is not a bool tensor of `shape` (rows are queries, columns keys), or None."""
+    if not isinstance(got, torch.Tensor):
+        return f"{where}: expected the {what} as a torch.Tensor, got {type(got).__name__}"
+    if tuple(got.shape) != shape:
+        return (f"{where}: the {what} is {tuple(got.shape)}, expected {shape}: one row per query "
+                "position i, one column per key position j (and a leading batch dimension when "
+                "the order has one)")
+    if got.dtype != torch.bool:
+        return f"{where}: the {what} has dtype {got.dtype}, expected torch.bool (True = may attend)"
+    return None
+
+
+def _orders() -> list[tuple[torch.Tensor, int | None]]:
+    """Factorisation orders (none its own inverse, so ranks and positions differ) and n_predict."""
+    g = torch.Generator().manual_seed(0)
+    return [(torch.tensor([2, 0, 1, 3]), None), (torch.tensor([3, 1, 4, 2, 0]), None),
+            (torch.randperm(8, generator=g), None), (torch.tensor([3, 1, 4, 2, 0]), 2),
+            (torch.randperm(8, generator=g), 3), (torch.tensor([1, 2, 0]), 3),
+            (torch.stack([torch.randperm(6, generator=g) for _ in range(2)]), None),
+            (torch.stack([torch.randperm(7, generator=g) for _ in range(3)]), 2)]
+
+
+def _ranks(order: torch.Tensor, n_predict: int | None) -> torch.Tensor:
+    """The rank of each position: 0 for the context, 1, 2, ... for the predicted ones."""
+    n = order.size(-1) if n_predict is None else n_predict
+    return (order.argsort(-1) - (order.size(-1) - n) + 1).clamp(min=0)
+
+
+def _order_text(order: torch.Tensor, n_predict: int | None) -> str:
+    return f"for order {order.tolist()}" + ("" if n_predict is None else f", n_predict={n_predict}")
+
+
+def _mask_slip(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor, order: torch.Tensor,
+               n_predict: int | None, stream: str) -> str | None:
+    """The typical slip that turns want into got on the checked rows [..., T], or None."""
+    eye = torch.eye(want.size(-1), dtype=torch.bool)
+    ref = _ref("xlnet", "permutation_masks")
+    k = 0 if stream == "content" else 1
+
+    def same(other: torch.Tensor) -> bool:
+        return bool(((got == other) | ~rows[..., None]).all())
+
+    # ranks and positions confused: order[i] read as the step of position i
+    if same(ref(order.argsort(-1), n_predict=n_predict)[k]):
+        return ("ranks and positions are confused: order[t] is the position predicted t-th, "
+                "not the step of position t. Invert the order first (rank_of[order[t]] = t, "
+                "e.g. with argsort), then compare rank_of[j] with rank_of[i].")
+    if same(want.transpose(-2, -1)):
+        return ("the mask is transposed: rows are queries and columns keys, mask[i, j] True "
+                "when position i may attend position j.")
+    if stream == "query" and same(want | eye):
+        return ("the query stream sees its own position: that is the byte it predicts. It may "
+                "attend only positions strictly earlier in the order (rank_j < rank_i, not <=).")
+    if stream == "content" and same(want & ~eye):
+        return ("the content stream does not see its own position: it encodes its own byte "
+                "too, so it attends rank_j <= rank_i (itself included).")
+    if n_predict is not None and n_predict < want.size(-1):
+        if same(ref(order)[k]):
+            return (f"n_predict is ignored: only the last {n_predict} positions of the order are "
+                    "predicted; the others are context, share rank 0 and see one another.")
+        for n in (n_predict - 1, n_predict + 1):
+            if 0 <= n <= want.size(-1) and same(ref(order, n_predict=n)[k]):
+                return (f"off by one: you predict the last {n} position{'s' * (n != 1)} of the "
+                        f"order, not the last {n_predict} (the first T - n_predict are context).")
+        context = order[..., :want.size(-1) - n_predict]  # its positions
+
+        def block(m: torch.Tensor) -> torch.Tensor:  # m [..., T, T] -> context rows and columns
+            rows = m.gather(-2, context[..., :, None].expand(*context.shape, m.size(-1)))
+            return rows.gather(-1, context[..., None, :].expand(*context.shape, context.size(-1)))
+
+        if stream == "content" and not torch.equal(block(got), block(want)):
+            return ("the context is not tied: the first T - n_predict positions of the order "
+                    "are context, share rank 0, and each of them sees all of the context "
+                    "(whatever its place in the order).")
+    return None
+
+
+def permutation_masks(fn: Callable[..., tuple]) -> bool:
+    """Check fn(order, n_predict=None) -> (content_mask, query_mask), bool [..., T, T].
+
+    order [..., T] is a factorisation order (order[t] = the position predicted t-th); True
+    where position i may attend position j. With n_predict, the first T - n_predict positions
+    of the order are context. The query mask is checked on the predicted rows only (the
+    others predict nothing)."""
+    ref = _ref("xlnet", "permutation_masks")
+    cases = _orders()
+    for order, n_predict in cases:
+        where = _order_text(order, n_predict)
+        got, err = _call(fn, order) if n_predict is None else _call(fn, order, n_predict=n_predict)
+        if err:
+            return _verdict("permutation_masks", f"{where}: {err}", len(cases))
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            return _verdict("permutation_masks", f"{where}: expected a pair (content_mask, "
+                            f"query_mask), got {type(got).__name__}", len(cases))
+        want = ref(order, n_predict=n_predict)
+        shape = (*order.shape, order.size(-1))
+        for mask, what in zip(got, ("content mask", "query mask")):
+            problem = _bool_masks(mask, where, shape, what)
+            if problem:
+                return _verdict("permutation_masks", problem, len(cases))
+        content, query = got
+        rank = _ranks(order, n_predict)
+        predicted, every = rank > 0, torch.ones_like(rank, dtype=torch.bool)
+        ok_c = torch.equal(content, want[0])
+        ok_q = bool(((query == want[1]) | ~predicted[..., None]).all())
+        if ok_c and ok_q:
+            continue
+        if (~content.diagonal(dim1=-2, dim2=-1)).all() and query.diagonal(dim1=-2, dim2=-1)[
+                predicted].all():
+            hint = ("the content and query masks are swapped: the content stream sees its own "
+                    "position (rank_j <= rank_i), the query stream does not (rank_j < rank_i); "
+                    "return (content, query).")
+        else:
+            stream, mine, right, rows = (("content", content, want[0], every) if not ok_c
+                                         else ("query", query, want[1], predicted))
+            hint = f"in the {stream} mask: " + (
+                _mask_slip(mine, right, rows, order, n_predict, stream)
+                or _first_wrong(mine, right, rows, rank, stream))
+        return _verdict("permutation_masks", f"{where}: {hint}", len(cases))
+    return _verdict("permutation_masks", None, len(cases))
+
+
+def _first_wrong(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor,
+                 rank: torch.Tensor, stream: str) -> str:
+    """The first entry on the checked rows where got and want differ, explained by ranks."""
+    *b, i, j = ((got != want) & rows[..., None]).nonzero()[0].tolist()
+    r = rank[b[0]] if b else rank
+    rule = "rank_j <= rank_i" if stream == "content" else "rank_j < rank_i"
+    return (f"your mask says position {i}{f' (batch row {b[0]})' if b else ''} "
+            f"{'may' if got[(*b, i, j)] else 'may not'} attend position {j}, but their ranks "
+            f"are {int(r[i])} and {int(r[j])} and it attends where {rule} (the context has "
+            "rank 0, the predicted positions 1, 2, ... in the order).")
+
+
+def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Check fn(order) -> the query stream's mask, bool [..., T, T]: True where position i may
+    attend position j, i.e. j comes strictly earlier than i in the order [..., T]."""
+    ref = _ref("xlnet", "permutation_masks")
+    cases = [(order, None) for order, n in _orders() if n is None]
+    for order, _ in cases:
+        where = _order_text(order, None)
+        got, err = _call(fn, order)
+        if err:
+            return _verdict("query_stream_mask", f"{where}: {err}", len(cases))
+        want = ref(order)[1]
+        problem = _bool_masks(got, where, tuple(want.shape), "query mask")
+        if problem:
+            return _verdict("query_stream_mask", problem, len(cases))
+        if torch.equal(got, want):
+            continue
+        every = torch.ones(order.shape, dtype=torch.bool)
+        rank = _ranks(order, None)
+        if torch.equal(got, ~want):
+            hint = "the mask is inverted: True where a position MAY attend."
+        else:
+            hint = (_mask_slip(got, want, every, order, None, "query")
+                    or _first_wrong(got, want, every, rank, "query"))
+        return _verdict("query_stream_mask", f"{where}: {hint}", len(cases))
+    return _verdict("query_stream_mask", None, len(cases))
+
+
+def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
+    """Check fn(x, klen): x [..., Tq, klen + Tq - 1] scored against the descending distances
+    klen - 1, ..., -(Tq - 1) -> [..., Tq, klen], the score of query i and key j, whose
+    distance is (klen - Tq + i) - j. Every entry is checked: keys lie on both sides."""
+    import torch.nn.functional as F
+
+    ref = _ref("xlnet", "rel_shift_bi")
+    g = torch.Generator().manual_seed(0)
+    shapes = [((), 3, 3), ((), 3, 5), ((), 1, 4), ((), 4, 9), ((2, 3), 4, 6), ((5,), 2, 2)]
+    for lead, qlen, klen in shapes:
+        x = torch.randn(*lead, qlen, klen + qlen - 1, generator=g)
+        where = (f"for x of shape {tuple(x.shape)} ({qlen} queries, klen={klen}: memory "
+                 f"{klen - qlen})")
+        got, err = _call(fn, x, klen)
+        if err:
+            return _verdict("rel_shift_bi", f"{where}: {err}", len(shapes))
+        want = ref(x, klen)
+        if not isinstance(got, torch.Tensor):
+            return _verdict("rel_shift_bi", f"{where}: expected a torch.Tensor, got "
+                            f"{type(got).__name__}", len(shapes))
+        if got.shape != want.shape:
+            cut = got.shape[:-1] == want.shape[:-1] and got.size(-1) > klen and torch.allclose(
+                got[..., :klen], want)
+            hint = (" Right up to column klen: cut the result to its first klen columns, one "
+                    "per key." if cut else "")
+            return _verdict("rel_shift_bi", f"{where}: the output is {tuple(got.shape)}, "
+                            f"expected {tuple(want.shape)} [..., Tq, klen].{hint}", len(shapes))
+        if torch.allclose(got, want):
+            continue
+        i = torch.arange(qlen)[:, None]
+        j = torch.arange(klen)
+
+        def columns(col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """x[..., i, col[i, j]] and where col is inside x."""
+            inside = (col >= 0) & (col < x.size(-1))
+            picked = x.gather(-1, col.clamp(0, x.size(-1) - 1).expand(*lead, qlen, klen))
+            return picked, inside.expand_as(picked)
+
+        def near(other: torch.Tensor, keep: torch.Tensor | None = None) -> bool:
+            keep = torch.ones_like(got, dtype=torch.bool) if keep is None else keep
+            return bool(keep.any()) and torch.allclose(got[keep], other[keep])
+
+        def shifted(pad: tuple, rows: slice) -> torch.Tensor:
+            out = F.pad(x, pad).reshape(*lead, klen + qlen, qlen)[..., rows, :]
+            return out.reshape(*lead, qlen, klen + qlen - 1)[..., :klen]
+
+        causal = (j <= klen - qlen + i).expand_as(got)
+        ascending = columns(klen - 1 + i - j)
+        if near(shifted((0, 1), slice(1, None))):
+            hint = ("the zero column is padded on the right; it goes on the left "
+                    "(F.pad(x, (1, 0))), so that row i slides left by Tq - 1 - i.")
+        elif near(shifted((1, 0), slice(None, -1))):
+            hint = ("after padding and reshaping to [klen + Tq, Tq], drop the first row (Tq "
+                    "numbers: the padding), not the last one.")
+        elif near(*columns(qlen - i + j)) or near(*columns(qlen - 2 - i + j)):
+            hint = ("off by one: every score sits one column from its key. Query i and key j "
+                    "have distance (klen - Tq + i) - j, in column Tq - 1 - i + j of x.")
+        elif near(*ascending) and ascending[1].all():
+            hint = ("the columns are read as ascending distances; column m of x holds distance "
+                    "klen - 1 - m (descending).")
+        elif near(want, causal):
+            hint = ("only the entries a causal mask keeps (j <= klen - Tq + i) are right: "
+                    "Chapter 4's one-directional shift leaves junk above the diagonal. XLNet's "
+                    "keys lie on both sides of the query: shift all klen + Tq - 1 columns, then "
+                    "cut to klen.")
+        else:
+            hint = ("the values differ from the reference: the result at [..., i, j] is "
+                    "x[..., i, Tq - 1 - i + j].")
+        return _verdict("rel_shift_bi", f"{where}: {hint}", len(shapes))
+    return _verdict("rel_shift_bi", None, len(shapes))

@@ -1,0 +1,263 @@
+"""The registry of runs that write a CSV: the benchmarks and the experiments behind the chapters.
+
+Hand-written (not generated). Each entry of `EXPERIMENTS` is an `Experiment`: the function
+that makes its rows (named "module:function" and imported only when it runs), its options
+(name, type, default, help: the command line is built from them), the CSV it writes by
+default (under book/, where a chapter plots it), the columns its printed table shows, and a
+line of summary. Two command lines run an entry, the same way:
+
+    python -m minixl.experiments NAME [--csv PATH] [options]
+    minixl bench --suite NAME [--csv PATH] [options]
+
+Both print the rows as a markdown table and write every column to the CSV atomically. Each
+default is small enough for a laptop CPU; a test runs every entry on a tiny setting. The
+chapters' own experiments live beside this file, one module per chapter; the benchmark of
+every model kind is `minixl.bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..options import DEVICE, Option, add_options
+
+__all__ = ["Experiment", "EXPERIMENTS", "register", "run", "write_csv", "markdown_table",
+           "keep_row", "int_list", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One run that writes a CSV (see the module docstring). report, if given, names a
+    function rows -> text printed after the table (a fitted slope, a verdict)."""
+
+    name: str
+    run: str  # "module:function", the function(**options) -> rows
+    csv: str
+    summary: str
+    options: tuple[Option, ...] = ()
+    columns: tuple[str, ...] = ()  # the printed table's (empty: every column)
+    report: str | None = None
+
+    def function(self) -> Callable[..., list[dict]]:
+        return _load(self.run)
+
+
+def _load(spec: str) -> Callable:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add an entry (a name that is taken is an error)."""
+    if experiment.name in EXPERIMENTS:
+        raise ValueError(f"an experiment called {experiment.name!r} is registered already")
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
+
+
+def run(name: str, **options) -> list[dict]:
+    """The rows of entry `name` with these options (the others at their defaults)."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
+    entry = EXPERIMENTS[name]
+    known = {o.name for o in entry.options}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"{name} takes no option {', '.join(unknown)}; it takes "
+                         f"{', '.join(sorted(known)) or 'none'}")
+    rows = entry.function()(**{o.name: options.get(o.name, o.default) for o in entry.options})
+    if not rows:
+        raise ValueError(f"{name} measured nothing with these settings")
+    return rows
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Write rows (dicts with the same keys) to path atomically: a crash leaves the old file."""
+    if not rows:
+        raise ValueError("no rows to write")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    with open(part, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(part, path)
+    return path
+
+
+def _cell(value) -> str:
+    if value is None or value == "":
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """The rows as a markdown table (all columns, or the named ones)."""
+    columns = columns or list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def keep_row(rows: list[dict], row: dict) -> None:
+    """Keep one run's row and print it at once, so a long sweep shows its progress."""
+    rows.append(row)
+    print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+def int_list(text: str, name: str, least: int = 1) -> list[int]:
+    """'4,16,32' -> [4, 16, 32], each >= least; a clear error naming --name otherwise."""
+    try:
+        values = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} takes comma-separated integers, e.g. 4,16,32; got "
+                         f"{text!r}") from None
+    if not values or min(values) < least:
+        raise ValueError(f"--{name} needs at least one integer, each >= {least}; got {text!r}")
+    return values
+
+
+# ---------------------------------------------------------------- the command line
+
+def build_parser(prog: str = "python -m minixl.experiments") -> argparse.ArgumentParser:
+    """One subcommand per entry, its flags built from the entry's options."""
+    parser = argparse.ArgumentParser(prog=prog, description="Runs that write a CSV: the "
+                                     "benchmarks and the experiments behind the chapters.")
+    sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
+    for entry in EXPERIMENTS.values():
+        p = sub.add_parser(entry.name, help=entry.summary, description=entry.summary)
+        p.add_argument("--csv", default=entry.csv, help=f"where to write (default {entry.csv})")
+        p.add_argument("--all-columns", action="store_true",
+                       help="print every column, not only the main ones")
+        add_options(p, entry.options)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m minixl.experiments",
+         say: str | None = None) -> int:
+    """Run one entry from the command line: exit 0 done, 2 bad input (one line, that starts
+    with `say`, by default the program's name)."""
+    args = build_parser(prog).parse_args(argv)
+    entry = EXPERIMENTS[args.name]
+    options = {o.name: getattr(args, o.name) for o in entry.options}
+    try:
+        rows = run(entry.name, **options)
+        path = write_csv(rows, args.csv)
+    except (ValueError, OSError) as err:
+        print(f"{say or prog}: error: {err}", file=sys.stderr)
+        return 2
+    print(markdown_table(rows, None if args.all_columns else list(entry.columns) or None))
+    if entry.report:
+        print(_load(entry.report)(rows))
+    print(f"{len(rows)} rows written to {path}")
+    return 0
+
+
+# ---------------------------------------------------------------- the entries
+
+_SEEDS = Option("seeds", str, "0,1,2", "comma-separated seeds, one run per seed and arm")
+_THREADS = Option("threads", int, 1, "CPU threads (one is steadiest on a shared machine)")
+_CUDA_DEVICE = Option("device", str, "cpu", "cpu, cuda or cuda:N")
+
+register(Experiment(
+    "models", "minixl.bench:models_suite", "book/bench_models.csv",
+    "training tokens/s, TFLOP/s, MFU and peak memory of every model kind, each in a fresh "
+    "process",
+    (Option("preset", str, None, "one preset for every kind (a paper-scale preset: its own "
+            "model only; default: each kind's paper-scale preset, else base)"),
+     Option("models", str, None, "comma-separated model kinds (default: every kind)"),
+     Option("batch_size", int, None, "sequences per step (default: the preset's training "
+            "batch)"),
+     Option("steps", int, 10, "timed steps"), Option("warmup", int, 3, "untimed steps first"),
+     DEVICE, Option("compile", bool, False, "torch.compile each model"),
+     Option("peak_tflops", float, None, "the device's bf16 peak, if minixl does not know it")),
+    ("model", "preset", "device", "batch_size", "seq_len", "params", "tokens_per_s", "tflops",
+     "mfu", "peak_mb")))
+
+register(Experiment(
+    "positions", "minixl.experiments.char_transformer:positions", "book/positions.csv",
+    "Chapter 1: held-out bpc of per-layer position tables and a sinusoid, by depth and seed",
+    (Option("depths", str, "4,8", "comma-separated numbers of layers"), _SEEDS,
+     Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"))))
+
+register(Experiment(
+    "depth", "minixl.experiments.aux_losses:depth_sweep", "book/depth_sweep.csv",
+    "Chapter 2: held-out bpc by depth, pre/post-norm, with and without intermediate losses",
+    (Option("depths", str, "4,16,32", "comma-separated numbers of layers"),
+     Option("norms", str, "pre,post", "'pre', 'post' or both: where each layer normalises"),
+     _SEEDS, Option("steps", int, 150, "optimiser steps per run"),
+     Option("d_model", int, 32, "model width (4 heads, feed-forward 4x wider)"),
+     Option("seq_len", int, 32, "window length in bytes"),
+     Option("batch_size", int, 16, "windows per step"),
+     Option("lr", float, 2e-3, "peak learning rate"),
+     Option("eval_bytes", int, 8192, "held-out bytes scored at the end of each run"))))
+
+register(Experiment(
+    "shaw_cost", "minixl.experiments.relative_attention:shaw_cost", "book/bench_shaw.csv",
+    "Chapter 3: the bucket and gathered forms of Shaw attention, forward + backward, and the "
+    "form minixl picks",
+    (Option("lengths", str, None, "comma-separated sequence lengths (default 16,32,64,128,256; "
+            "on CUDA 64 to 1024)"),
+     Option("clips", str, "4,16", "comma-separated clipping distances k"),
+     Option("repeats", int, 5, "timed runs per point (the fastest is kept)"), DEVICE),
+    ("T", "max_relative", "device", "bucket_ms", "gathered_ms", "fastest", "chosen")))
+
+register(Experiment(
+    "xl_eval_speed", "minixl.experiments.transformer_xl:xl_eval_speed",
+    "book/xl_eval_speed.csv",
+    "Chapter 4: evaluation time per byte of the sliding window and of XL's memory (hidden "
+    "states, keys and values), measured and predicted",
+    (Option("lengths", str, "64,128,256,512,1024,2048", "comma-separated attention lengths A"),
+     Option("streams", int, 4, "rows per forward pass, the same for every protocol"),
+     Option("tgt_len", int, 32, "segment length of the memory protocols"),
+     Option("preset", str, None, "take the model's sizes from this --model xl preset (e.g. "
+            "xl-base) instead of the size options"),
+     Option("n_layer", int, 3, "layers"), Option("d_model", int, 64, "model width"),
+     Option("n_head", int, 4, "heads"), Option("d_head", int, 16, "width of a head"),
+     Option("d_inner", int, 256, "feed-forward width"),
+     Option("passes", int, 8, "timed forward passes (windows or segments) per protocol and "
+            "length"),
+     Option("seed", int, 0, "seed of the weights and the bytes"), _THREADS, _CUDA_DEVICE)))
+
+register(Experiment(
+    "xl_order", "minixl.experiments.transformer_xl:xl_order", "book/xl_order.csv",
+    "Chapter 4: recurrence vs data order and stale memory, held-out bpc per arm and seed",
+    (_SEEDS, Option("steps", int, 250, "optimiser steps per run"),
+     Option("eval_bytes", int, 8192, "held-out bytes scored at the end of each run"),
+     _THREADS)))
+
+register(Experiment(
+    "hf-xl", "minixl.experiments.transformer_xl:hf_xl", "book/bench_hf_xl.csv",
+    "Chapter 4: forward + backward tokens/s of minixl's Transformer-XL against Hugging "
+    "Face's TransfoXL (transformers 4.37.x) at one --model xl preset",
+    (Option("preset", str, "xl-base", "the --model xl preset both are built at"),
+     Option("batch_size", int, None, "sequences per step (default: the preset's)"),
+     Option("steps", int, 10, "timed steps per round"),
+     Option("warmup", int, 3, "untimed steps of each first"),
+     Option("rounds", int, 3, "rounds, alternating between the two"), DEVICE),
+    ("preset", "device", "dtype", "batch_size", "tgt_len", "mem_len", "minixl_tokens_per_s",
+     "hf_tokens_per_s", "ratio")))
+
+register(Experiment(
+    "segtree_cost", "minixl.experiments.segtree:segtree_cost", "book/segtree_cost.csv",
+    "Chapter 6: one attention layer (the tree, dense written out, dense fused) against its "
+    "length, forward + backward, each point in a fresh process",
+    (Option("max_n", int, 4096, "the longest input, from min-n doubling"),
+     Option("min_n", int, 256, "the shortest input"),
+     Option("repeats", int, 3, "timed runs per point"), DEVICE),
+    ("method", "n", "seconds", "peak_mb"), report="minixl.experiments.segtree:slopes"))

@@ -1,0 +1,275 @@
+"""Model kinds: what a model must declare so that minixl can train, resume, evaluate, sample
+and benchmark it, and the registry of kinds.
+
+Hand-written glue (not generated). A `ModelKind` holds all that the trainer, the evaluation
+protocols, the benchmark and the command line need to know about a model, so that none of
+them ever asks which model it holds:
+
+- its config class and builder, and the config field of its length;
+- how its batches come: random windows, or ordered streams whose state the trainer carries;
+- its objective (the trainer's next-byte loss unless it says otherwise) and that
+  objective's command-line options;
+- its presets (`Preset`: model sizes, training settings, objective options and a line of
+  help; a paper-scale preset picks its model);
+- its evaluation protocols (the default first) and the config fields `minixl eval` may
+  change for the memory protocol;
+- the parameters that weight decay leaves alone (position tables and learned offsets), its
+  training FLOPs per token for the benchmark, and a line of help for each config field.
+
+This module imports no chapter: the book's own kinds are declared and registered in
+`minixl.models`, which the functions here load when they first look a kind up. A model of
+your own plugs in the same way, without changing minixl: build a ModelKind in your own
+module and either call `register(kind)` (from Python) or name it on the command line as
+``--model MODULE:NAME`` (see the README). Every model meets the model protocol,
+``logits, state = model.step(tokens, state)``, and keeps its config as ``model.config`` (a
+dataclass).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .data import OrderedStreams, RandomWindows
+from .options import Option, flag
+
+__all__ = ["Preset", "Objective", "ModelKind", "KINDS", "DEFAULT_MODEL", "register", "kind_of",
+           "paper_presets", "resolve_preset", "model_fields", "with_overrides"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named setting of a model kind: config fields of the model, TrainConfig fields, the
+    objective's options, and a line of help. A paper-scale preset (paper=True) names its
+    model: `--preset NAME` alone picks it."""
+
+    model: dict
+    train: dict
+    objective: dict = field(default_factory=dict)
+    help: str = ""
+    paper: bool = False
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How a kind trains, if not on the trainer's next-byte loss: build(model_config,
+    **options) returns the objective (a function, or an nn.Module with weights of its own),
+    `options` are its command-line options, and tag(options) is the line a checkpoint keeps
+    so that a resumed run is refused another objective."""
+
+    build: Callable
+    options: tuple[Option, ...] = ()
+    tag: Callable[[dict], str] | None = None
+
+
+# Help for config fields that most models share; a kind's field_help adds or overrides.
+COMMON_FIELD_HELP = {
+    "n_layer": "layers", "d_model": "the model width", "n_head": "attention heads",
+    "d_inner": "the feed-forward width", "dropout": "dropout", "dropatt": "dropout on "
+    "attention weights", "layer_norm_eps": "the layer norms' epsilon",
+}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """Everything minixl needs to know about one model (see the module docstring)."""
+
+    name: str
+    summary: str
+    config: type  # a dataclass; every field with a default is a command-line flag
+    build: Callable[[object], nn.Module]
+    length: str  # the config field that holds the training length
+    presets: dict[str, Preset]
+    streams: bool = False  # False: random windows, no state; True: ordered streams, state carried
+    protocols: tuple[str, ...] = ("all-positions", "sliding")  # evaluation, the default first
+    objective: Objective | None = None  # None: the trainer's next-byte loss at every position
+    no_decay: tuple[str, ...] = ()  # parameter names (the last part) weight decay leaves alone
+    flops: Callable[[nn.Module], float] | None = None  # training FLOPs per token (None: 6N)
+    eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
+    field_help: dict[str, str] = field(default_factory=dict)
+    source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
+
+    def __post_init__(self):
+        names = {f.name for f in fields(self.config)}
+        wrong = [self.length] if self.length not in names else []
+        wrong += [k for p in self.presets.values() for k in p.model if k not in names]
+        wrong += [k for k in self.eval_overrides if k not in names]
+        if wrong:
+            raise ValueError(f"model kind {self.name!r}: {', '.join(sorted(set(wrong)))} "
+                             f"{'is not a field' if len(wrong) == 1 else 'are not fields'} of "
+                             f"{self.config.__name__}")
+        options = {o.name for o in self.objective.options} if self.objective else set()
+        extra = [k for p in self.presets.values() for k in p.objective if k not in options]
+        if extra:
+            raise ValueError(f"model kind {self.name!r}: a preset sets objective options "
+                             f"{', '.join(sorted(set(extra)))}, which its objective does not take")
+        if not self.protocols or not self.presets:
+            raise ValueError(f"model kind {self.name!r} needs at least one evaluation protocol "
+                             "and one preset")
+
+    # ---- presets
+    def preset(self, name: str) -> tuple[object, dict]:
+        """(model config, TrainConfig settings) of a named preset."""
+        if name not in self.presets:
+            raise ValueError(f"unknown preset {name!r} for --model {self.name}: expected one of "
+                             f"{', '.join(self.presets)}")
+        p = self.presets[name]
+        return self.config(**p.model), dict(p.train)
+
+    @property
+    def scale_preset(self) -> str:
+        """The preset the benchmark reads by default: the paper-scale one, else base, else
+        the last."""
+        papers = [n for n, p in self.presets.items() if p.paper]
+        return papers[0] if papers else "base" if "base" in self.presets else list(self.presets)[-1]
+
+    # ---- the objective
+    def objective_options(self, preset: str, given: dict | None = None) -> dict:
+        """The objective's options: its defaults, then the preset's, then those given (a flag
+        this kind's objective does not take is an error that names the kinds taking it)."""
+        given = {k: v for k, v in (given or {}).items() if v is not None}
+        own = self.objective.options if self.objective else ()
+        foreign = [k for k in given if k not in {o.name for o in own}]
+        if foreign:
+            takers = sorted({k.name for k in _known().values() if k.objective and
+                             set(foreign) <= {o.name for o in k.objective.options}})
+            raise ValueError(f"{', '.join(map(flag, foreign))} appl{'ies' if len(foreign) == 1 else 'y'}"
+                             f" to --model {' or '.join(takers) or '(none)'}, not --model "
+                             f"{self.name}")
+        preset_options = self.presets[preset].objective if preset in self.presets else {}
+        return {o.name: o.default for o in own} | preset_options | given
+
+    def build_objective(self, model_cfg, options: dict):
+        """The objective to train with (None: the trainer's next-byte loss)."""
+        return self.objective.build(model_cfg, **options) if self.objective else None
+
+    def objective_tag(self, options: dict) -> str | None:
+        """What a checkpoint records of the objective (None: nothing to record)."""
+        return self.objective.tag(options) if self.objective and self.objective.tag else None
+
+    # ---- data and cost
+    def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
+        """The batch source of this kind: step -> (x, y, fresh)."""
+        length = getattr(model_cfg, self.length)
+        if self.streams:
+            return OrderedStreams(data, batch_size, length)
+        return RandomWindows(data, batch_size, length, seed=seed)
+
+    def flops_per_token(self, model: nn.Module) -> float:
+        """Training FLOPs per token: the kind's own count, else 6 per weight (2 forward,
+        4 backward), the usual estimate that leaves attention out."""
+        if self.flops is not None:
+            return self.flops(model)
+        return 6.0 * sum(p.numel() for p in model.parameters())
+
+    def help_for(self, field_name: str) -> str:
+        return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
+
+
+KINDS: dict[str, ModelKind] = {}
+DEFAULT_MODEL = "char"  # what `minixl train` trains without --model
+
+
+def _known() -> dict[str, ModelKind]:
+    """KINDS, with the book's own kinds registered (importing minixl.models does that)."""
+    importlib.import_module(".models", __package__)
+    return KINDS
+
+
+def register(kind: ModelKind) -> ModelKind:
+    """Add a model kind to KINDS, so that `minixl.setup_run`, `model_from_checkpoint` and the
+    command line (--model NAME) know it; returns it. A name that is taken is an error."""
+    if not isinstance(kind, ModelKind):
+        raise TypeError(f"register() takes a minixl.models.ModelKind, got {type(kind).__name__}")
+    old = _known().get(kind.name)
+    if old is not None and old is not kind:
+        raise ValueError(f"a model kind called {kind.name!r} is registered already"
+                         + (f" (from {old.source})" if old.source else "") + "; give yours "
+                         "another name")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def _import_kind(spec: str) -> ModelKind:
+    """The ModelKind that --model MODULE:NAME names, imported (from the current folder too, as
+    `python -m` would) and registered."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr.isidentifier():
+        raise ValueError(f"--model {spec}: expected MODULE:NAME, e.g. mymodels:BIGRAM (a "
+                         "ModelKind called BIGRAM in mymodels.py)")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"--model {spec}: cannot import {module_name} ({err}); run from the "
+                         "folder that holds it or put it on PYTHONPATH") from None
+    kind = getattr(module, attr, None)
+    if not isinstance(kind, ModelKind):
+        raise ValueError(f"--model {spec}: {module_name}.{attr} is "
+                         f"{'missing' if kind is None else 'a ' + type(kind).__name__}, not a "
+                         "minixl.models.ModelKind")
+    old = KINDS.get(kind.name)
+    if old is not None and old.source == spec:
+        return old
+    return register(replace(kind, source=spec))
+
+
+def kind_of(name: str) -> ModelKind:
+    """The ModelKind called `name` (a registered name, or MODULE:NAME of one of your own), or a
+    clear error."""
+    if name in _known():
+        return KINDS[name]
+    if ":" in name:
+        return _import_kind(name)
+    raise ValueError(f"unknown model {name!r}: expected one of {', '.join(KINDS)}, or "
+                     "MODULE:NAME for a ModelKind of your own")
+
+
+def paper_presets() -> dict[str, str]:
+    """Paper-scale preset -> the model it belongs to, over every registered kind."""
+    return {name: kind.name for kind in _known().values()
+            for name, p in kind.presets.items() if p.paper}
+
+
+def resolve_preset(model: str | None, preset: str | None) -> tuple[ModelKind, str]:
+    """(kind, preset) from --model and --preset: a paper-scale preset picks its model;
+    otherwise the model defaults to DEFAULT_MODEL and the preset to tiny."""
+    preset = "tiny" if preset is None else preset
+    papers = paper_presets()
+    if preset in papers:
+        own = papers[preset]
+        if model is not None and kind_of(model).name != own:
+            raise ValueError(f"--preset {preset} is a --model {own} preset, not a --model "
+                             f"{model} one: drop --model or use --model {own}")
+        model = own if model is None else model
+    kind = kind_of(DEFAULT_MODEL if model is None else model)
+    if preset not in kind.presets or papers.get(preset, kind.name) != kind.name:
+        names = [n for n in kind.presets if papers.get(n, kind.name) == kind.name]
+        raise ValueError(f"unknown preset {preset!r} for --model {kind.name}: expected one of "
+                         f"{', '.join(names)}")
+    return kind, preset
+
+
+def model_fields(kinds=None) -> dict[str, tuple[type, list[str]]]:
+    """Every config setting of the kinds (all registered ones by default) that a flag may
+    set: name -> (type, the kinds that have it)."""
+    found: dict[str, tuple[type, list[str]]] = {}
+    for kind in _known().values() if kinds is None else kinds:
+        for f in fields(kind.config):
+            if f.name != "vocab_size" and f.default is not MISSING:
+                found.setdefault(f.name, (type(f.default), []))[1].append(kind.name)
+    return found
+
+
+def with_overrides(cfg, **overrides):
+    """A copy of a dataclass config with the non-None overrides applied (validated again)."""
+    names = {f.name for f in fields(cfg)}
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None and k in names})

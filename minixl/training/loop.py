@@ -1,0 +1,315 @@
+"""The training loop: Chapter 1's loop, with what a long run needs around it.
+
+Hand-written shared machinery (not generated). Chapter 1 writes this loop out by hand;
+Chapters 2 to 6 and `minixl train` call `train`. What it needs of a model is the protocol
+every minixl model meets, ``logits, state = model.step(tokens, state)``, and of the data a
+batch source whose ``batches(step)`` returns the same batch for the same step
+(`minixl.data.RandomWindows`, `OrderedStreams`). An objective turns a batch into losses; the
+default is the next-byte loss at every position.
+
+Each feature of a long run is a few lines here and lives in a file of its own that a reader
+can skip: the optimiser's weight-decay groups (`optim.py`), the run folder with its
+checkpoints, metrics and plot (`run_folder.py`), stopping on Ctrl-C or SIGTERM
+(`signals.py`), several processes under torchrun (`distributed.py`) and a model state of any
+shape (`state.py`). With an output folder a run copes with being stopped: SIGINT or SIGTERM
+ends it after a whole step with a checkpoint of that step, `resume=True` continues exactly
+(the same batches, dropout masks and memory as a run never stopped), and a loss or gradient
+norm that is not finite raises `TrainingDiverged` with the last good checkpoint kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Collection
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..char_transformer import lr_at
+from ..checkpoint import CheckpointError
+from ..data import step_seed
+from ..device import autocast, distributed_env
+from . import state as states
+from .distributed import process_group, wrap_ddp
+from .optim import DECAY_ON, make_optimizer
+from .run_folder import CHECKPOINT, RunFolder, TrainingDiverged, Window, restore
+from .signals import StopNow, Stopper, TrainingInterrupted
+
+__all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "Net", "train_step", "train"]
+
+
+@dataclass
+class TrainConfig:
+    """How to train. `steps` is the run's total (it sets the learning-rate schedule)."""
+
+    steps: int = 600
+    batch_size: int = 32  # sequences per optimiser step, over all processes and micro-batches
+    grad_accum: int = 1  # micro-batches per step, each batch_size / grad_accum rows
+    lr: float = 2e-3
+    warmup: int = 30
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.01
+    weight_decay_on: str = "all"  # "all" (Chapter 1's loop) or "matrices" (see optim.py)
+    grad_clip: float = 1.0  # 0 = no clipping
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 100
+    eval_bytes: int | None = 65536  # held-out bytes scored during training (None = all)
+    ckpt_every: int = 200
+    device: str = "auto"
+    compile: bool = False
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every",
+                     "ckpt_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("lr", "min_lr_frac", "weight_decay", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError(f"need lr > 0, weight_decay >= 0 and grad_clip >= 0, got "
+                             f"{self.lr}, {self.weight_decay} and {self.grad_clip}")
+        if self.warmup < 0 or not 0.0 <= self.min_lr_frac <= 1.0:
+            raise ValueError(f"need warmup >= 0 and 0 <= min_lr_frac <= 1, got {self.warmup} "
+                             f"and {self.min_lr_frac}")
+        if self.eval_bytes is not None and self.eval_bytes < 2:
+            raise ValueError(f"eval_bytes must be at least 2 (or None for all), got "
+                             f"{self.eval_bytes}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size {self.batch_size} does not split into grad_accum "
+                             f"{self.grad_accum} equal micro-batches: use a batch size that is "
+                             f"a multiple of {self.grad_accum}")
+        if self.weight_decay_on not in DECAY_ON:
+            raise ValueError(f"weight_decay_on must be one of {', '.join(DECAY_ON)}, got "
+                             f"{self.weight_decay_on!r}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser step `step` (Chapter 1's schedule)."""
+        return lr_at(step, self.steps, lr=self.lr, warmup=self.warmup,
+                     min_lr_frac=self.min_lr_frac)
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    steps: int
+    valid_bpc: float | None
+    history: list[dict] = field(repr=False)  # one row per logged step, as in metrics.csv
+    seconds: float
+    device: str
+    out: Path | None
+
+
+def next_byte_objective(model: nn.Module, x: torch.Tensor, y: torch.Tensor, state=None,
+                        progress: float = 0.0):
+    """The default objective: next-byte cross-entropy (nats) at every position, via step."""
+    logits, state = model.step(x, state)  # (B, T, V)
+    return {"loss": F.cross_entropy(logits.float().flatten(0, 1), y.flatten())}, state
+
+
+class Net(nn.Module):
+    """The model and the objective's own weights as one module whose forward is the loss.
+
+    DistributedDataParallel wraps this: its forward builds the whole graph, so the backward
+    all-reduces the gradients of both (in buckets, while the backward still runs).
+    """
+
+    def __init__(self, model: nn.Module, objective: Callable | None = None):
+        super().__init__()
+        objective = next_byte_objective if objective is None else objective
+        own = objective if isinstance(objective, nn.Module) else nn.Module()
+        self.model, self.own = model, own
+        self.__dict__["objective"] = objective  # may be `own` itself: not registered twice
+
+    def forward(self, x, y, state, progress: float):
+        return self.objective(self.model, x, y, state, progress)
+
+
+def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               state=None, *, micro: int | None = None, seeds: list[int] | None = None,
+               progress: float = 0.0, grad_clip: float = 0.0,
+               device: torch.device = torch.device("cpu")):
+    """One optimiser step on this process's rows x, y [b, T], in micro-batches of `micro`
+    rows (default: all; seeds[i] seeds micro-batch i's dropout). Each micro-batch's loss is
+    scaled by 1/n so that the gradients add up to those of the mean loss over the b rows; a
+    state is split into its rows and put back together. Returns (mean losses, new state,
+    gradient norm), all on the device: nothing here waits for it."""
+    micro = x.size(0) if micro is None else micro
+    n = x.size(0) // micro
+    opt.zero_grad(set_to_none=True)
+    totals, new_states = {}, []
+    for i in range(n):
+        rows = slice(i * micro, (i + 1) * micro)
+        if seeds is not None:
+            torch.manual_seed(seeds[i])
+        last = i == n - 1  # DDP all-reduces in the last micro-batch's backward only
+        with net.no_sync() if hasattr(net, "no_sync") and not last else contextlib.nullcontext():
+            with autocast(device):
+                parts, new = net(x[rows], y[rows],
+                                 states.rows(state, rows) if n > 1 else state, progress)
+            (parts["loss"] / n).backward()
+        for k, v in parts.items():
+            totals[k] = totals.get(k, 0.0) + v.detach() / n
+        new_states.append(new)
+    params = [p for p in net.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    opt.step()
+    return totals, states.cat_rows(new_states), norm
+
+
+def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
+          objective: Callable | None = None, held_out: Callable | None = None,
+          out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
+          allow_change: tuple[str, ...] = (), meta: dict | None = None, progress: bool = True,
+          no_decay: Collection[str] = ()) -> TrainResult:
+    """Train `model` for cfg.steps optimiser steps on batches(step); see the module docstring.
+
+    objective(model, x, y, state, progress) -> (losses dict with "loss", new state); an
+    nn.Module objective trains (and checkpoints) its own weights too. held_out(model, n_bytes)
+    -> bpc is run every cfg.eval_every steps and at the end (n_bytes None: all of it); in a
+    distributed run every process runs it (on the same weights) and rank 0 reports it.
+    no_decay: parameter names that weight_decay_on="matrices" leaves alone (a model kind's).
+    """
+    world = distributed_env()[2]
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise ValueError(f"batch_size {cfg.batch_size} does not split into {world} processes x "
+                         f"{cfg.grad_accum} micro-batches (grad_accum): use a batch size that "
+                         f"is a multiple of {world * cfg.grad_accum}")
+    with process_group(cfg.device) as ranks:  # one process, or one of torchrun's
+        return _train(ranks, model, cfg, batches=batches, objective=objective,
+                      held_out=held_out, out=out, resume=resume, overwrite=overwrite,
+                      allow_change=allow_change, meta=meta or {}, progress=progress,
+                      no_decay=no_decay)
+
+
+def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, overwrite,
+           allow_change, meta, progress, no_decay) -> TrainResult:
+    device, lead = ranks.device, ranks.rank == 0
+    net = Net(model, objective).to(device)
+    own = net.own
+
+    # ---- the run folder: rank 0 checks it (and a checkpoint to resume); all learn the plan
+    run = RunFolder(Path(out), model, own, cfg, meta) if out is not None and lead else None
+    plan = None
+    if run:
+        try:
+            plan = run.begin(resume, overwrite, set(allow_change))
+        except (ValueError, CheckpointError) as err:
+            plan = err
+    if out is not None:
+        plan = ranks.broadcast(plan)
+    if isinstance(plan, Exception):
+        raise plan
+    if plan is not None and not lead:  # rank 0's settings (the resume check saw them)
+        cfg = replace(TrainConfig(**plan["cfg"]), device=cfg.device)
+
+    opt = make_optimizer([model, own], cfg, device, no_decay=no_decay)
+    start, state = 0, None
+    if plan is not None and plan["ckpt"] is not None:
+        start, state = restore(plan["ckpt"], plan["changed"], model, own, opt, cfg, device,
+                               Path(out) / CHECKPOINT, say=lead, no_decay=no_decay)
+    b = cfg.batch_size // ranks.world  # this process's rows of each batch (and of the state)
+    mine, micro = slice(ranks.rank * b, (ranks.rank + 1) * b), b // cfg.grad_accum
+    state = states.to_device(states.rows(state, mine), device) if state is not None else None
+    if run:
+        run.opt, run.saved = opt, start
+        if start:
+            run.trim(start)
+    if cfg.compile:
+        model.compile()  # compiles the module in place: its state_dict keys stay plain
+    if ranks.on and start < cfg.steps:
+        x, y, fresh = batches(start)
+        net = wrap_ddp(net, x[mine][:micro].to(device), y[mine][:micro].to(device),
+                       None if fresh or state is None else states.rows(state, slice(0, micro)),
+                       device)
+    log, history, t0 = Window(cfg.lr, ranks), [], time.perf_counter()
+    bar = _progress_bar(progress and lead, start, cfg.steps, run)
+
+    def save(done: int, state) -> None:  # every process: the checks and the gather agree
+        log.check_finite(run)
+        whole = ranks.gather_rows(state)
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise TrainingDiverged(done, cfg.lr, f"{run.ckpt} (step {run.saved})"
+                                   if run and run.saved else "none")
+        if run:
+            run.save(done, whole)
+
+    def log_row(done: int, valid, lr: float) -> None:
+        row = log.row(done, valid, lr=lr, t0=t0, run=run)
+        history.append(row)
+        if run:
+            run.write(row)
+        bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_bpc", "valid_bpc")
+                         if row[k] is not None})
+
+    done, valid = start, None
+    with Stopper(enabled=out is not None, distributed=ranks.on, quiet=not lead) as stopper:
+        try:
+            for step in bar:
+                x, y, fresh = batches(step)  # the whole batch; this process takes its rows
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr_at(step)
+                # micro-batch k of the step's batch (k = 0 in a one-process run without
+                # accumulation, Chapter 1's loop) draws its dropout masks from its own seed
+                first = ranks.rank * cfg.grad_accum
+                seeds = [step_seed(cfg.seed, step, stream=1 + 256 * k)
+                         for k in range(first, first + cfg.grad_accum)]
+                parts, state, norm = train_step(
+                    net, opt, x[mine].to(device), y[mine].to(device), None if fresh else state,
+                    micro=micro, seeds=seeds, progress=step / cfg.steps,
+                    grad_clip=cfg.grad_clip, device=device)
+                done = step + 1
+                stopper.settle(ranks)  # distributed: every process stops after the same step
+                log.add(step, parts, norm, x.numel())
+                valid = None
+                if done % cfg.eval_every == 0 and held_out is not None:
+                    with stopper.interruptible():
+                        valid = held_out(model, cfg.eval_bytes)
+                if (done % cfg.log_every == 0 or valid is not None or done == cfg.steps
+                        or stopper.stop):  # a stopped run logs its last, shorter window
+                    log_row(done, valid, cfg.lr_at(step))
+                if out is not None and (done % cfg.ckpt_every == 0 or done == cfg.steps
+                                        or stopper.stop):
+                    save(done, state)
+                if stopper.stop:
+                    stopper.saved = True
+                    ranks.barrier()  # no process ends before rank 0 has saved
+                    raise TrainingInterrupted(stopper.stop, done, Path(out) / CHECKPOINT)
+            log.check_finite(run)
+            with stopper.interruptible():
+                valid = held_out(model, None) if held_out is not None else None
+        except StopNow:  # a signal during held-out evaluation (one process only): the saved
+            if log.n:  # step is consistent; the step's metrics row, without the evaluation
+                log_row(done, None, cfg.lr_at(done - 1))
+            if run.saved != done:
+                save(done, state)
+            stopper.saved = True
+            raise TrainingInterrupted(stopper.signum, done, Path(out) / CHECKPOINT) from None
+        finally:
+            bar.close()
+            if run:
+                run.close()
+                if stopper.saved:  # stopped: the plot shows the run up to its checkpoint
+                    run.plot()
+    if run:
+        run.plot()
+    ranks.barrier()
+    return TrainResult(model, cfg.steps, valid, history, time.perf_counter() - t0, str(device),
+                       run.out if run else Path(out) if out is not None else None)
+
+
+def _progress_bar(show: bool, start: int, steps: int, run: RunFolder | None):
+    """The steps to run, as a progress bar (a widget in a notebook, text in a terminal)."""
+    if show:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm import tqdm  # disabled; tqdm.auto would warn in a bare notebook
+    return tqdm(range(start, steps), initial=start, total=steps, disable=not show,
+                desc=f"train {run.out.name if run else ''}".strip(), dynamic_ncols=True)

@@ -1,0 +1,248 @@
+"""A run's folder: checkpoint.pt, metrics.csv and loss.png, and reading a checkpoint back.
+
+Hand-written shared machinery (not generated); a reader of the loop can skip it.
+
+- `RunFolder.begin` applies the folder rules (a folder that holds a run needs --resume or
+  --overwrite) and, on --resume, the resume check: the saved settings must be this run's,
+  but for the ones named in allow_change.
+- `RunFolder.save` writes a checkpoint atomically (`minixl.checkpoint`); `restore` loads
+  one into the model, the objective and the optimiser.
+- `Window` sums the logged losses on the device between rows (no host sync per step) and
+  `RunFolder.write` appends each row to metrics.csv; `RunFolder.plot` draws loss.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from dataclasses import MISSING, asdict, fields
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import FORMAT, CheckpointError, check_resume, load_checkpoint, save_checkpoint
+from . import state as states
+from .optim import load_optimizer_state
+
+__all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "Window",
+           "restore", "TrainingDiverged"]
+
+CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
+# Settings a resumed run may change freely: they do not change what is learned (grad_accum
+# splits the same batch into micro-batches; like the number of processes, it changes only
+# the order of float additions and which dropout mask falls on which row).
+FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "grad_accum")
+# Settings added after checkpoints of this format were first written: a checkpoint without
+# one was trained with the value here.
+BEFORE = {"weight_decay_on": "all", "grad_accum": 1}
+# Before model kinds declared their objectives, every checkpoint recorded Chapter 2's
+# default as its objective; a kind without objective options now records none.
+LEGACY_OBJECTIVE = "positions targets=1"
+
+
+class TrainingDiverged(Exception):
+    """The loss or the gradient norm stopped being finite."""
+
+    def __init__(self, step: int, lr: float, last_good: str):
+        self.step = step
+        super().__init__(f"training diverged: the loss or gradient norm was not finite at step "
+                         f"{step}; nothing was saved after it, and the last good checkpoint is "
+                         f"{last_good}. Try a smaller --lr (this run: {lr:g})")
+
+
+class Window:
+    """Sums of the logged losses since the last row, kept on the device (no sync per step).
+
+    Distributed, a row's losses are the means over the processes and a non-finite loss or
+    gradient norm of any process stops all of them at the same step: both are settled when a
+    row is made or a checkpoint saved, never per step. `tokens` counts the whole batch."""
+
+    def __init__(self, lr: float, ranks):
+        self.sums, self.n, self.tokens, self.t, self.lr = {}, 0, 0, time.perf_counter(), lr
+        self.ranks = ranks
+        self.bad_step = None  # first step (1-based) whose loss or gradient norm was not finite
+
+    def add(self, step: int, parts: dict, norm: torch.Tensor, tokens: int) -> None:
+        for key, value in {**parts, "grad_norm": norm}.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
+        bad = ~torch.isfinite(parts["loss"].detach().float() + norm.float())
+        first = torch.where(bad, step + 1, 0)
+        self.bad_step = first if self.bad_step is None else torch.where(
+            self.bad_step > 0, self.bad_step, first)
+        self.n, self.tokens = self.n + 1, self.tokens + tokens
+
+    def check_finite(self, run: RunFolder | None) -> None:
+        """Raise TrainingDiverged if any step so far had a non-finite loss or gradient norm."""
+        if self.bad_step is None:
+            return
+        bad = self.ranks.first_bad(self.bad_step)
+        if bad > 0:
+            last = (f"{run.ckpt} (step {run.saved})" if run and run.saved else
+                    "none (no checkpoint was written)" if run else "none (no output folder)")
+            raise TrainingDiverged(bad, self.lr, last)
+
+    def row(self, done: int, valid: float | None, *, lr: float, t0: float, run) -> dict:
+        """The metrics row of step `done` (losses in bits per byte); resets the sums."""
+        self.check_finite(run)
+        now, ln2 = time.perf_counter(), math.log(2)
+        keys = list(self.sums)
+        sums = self.ranks.mean(torch.stack([self.sums[k] for k in keys])).tolist()
+        mean = {k: v / self.n for k, v in zip(keys, sums)}
+        row = {"step": done, "train_bpc": mean.get("next_byte", mean["loss"]) / ln2,
+               "valid_bpc": valid, "loss": mean["loss"] / ln2}
+        row |= {k: v / ln2 for k, v in mean.items()
+                if k not in ("loss", "next_byte", "final", "grad_norm")}
+        row |= {"grad_norm": mean["grad_norm"], "lr": lr,
+                "tokens_per_s": self.tokens / (now - self.t), "elapsed_s": now - t0}
+        self.sums, self.n, self.tokens, self.t = {}, 0, 0, now
+        return row
+
+
+class RunFolder:
+    """An output folder: checkpoint.pt, metrics.csv and loss.png (rank 0 alone writes it)."""
+
+    def __init__(self, out: Path, model, own, cfg, meta: dict):
+        self.out, self.ckpt = out, out / CHECKPOINT
+        self.model, self.own, self.opt, self.cfg, self.meta = model, own, None, cfg, meta
+        self.saved, self._log, self._writer = 0, None, None
+
+    @staticmethod
+    def identity(model_config: dict, train_config: dict, meta: dict) -> dict:
+        """The settings that define what a run learns, flat, for the resume check."""
+        ident = {f"model.{k}": v for k, v in model_config.items()}
+        ident |= {k: v for k, v in {**BEFORE, **train_config}.items() if k not in FREE}
+        return ident | dict(meta)
+
+    def begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
+        """Check the folder against --resume/--overwrite and a checkpoint against this run:
+        {"ckpt": the checkpoint (None for a new run), "changed": the allowed changes, "cfg":
+        this run's settings as a dict}, which every process then restores."""
+        ours = [p for p in (self.ckpt, self.out / METRICS, self.out / PLOT) if p.exists()]
+        if resume and overwrite:
+            raise ValueError("--resume continues the run in the folder and --overwrite deletes "
+                             "it: pass one of them, not both")
+        if not resume and ours and not overwrite:
+            raise ValueError(f"{self.out} already holds a run ({', '.join(p.name for p in ours)}); "
+                             "pass --resume to continue it, --overwrite to start again, or "
+                             "choose another --out")
+        if resume and not self.ckpt.exists():
+            raise ValueError(f"--resume: there is no checkpoint at {self.ckpt} to resume from")
+        if allow and not resume:
+            raise ValueError("--allow-change applies to --resume only")
+        self.out.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for path in ours:
+                path.unlink()
+            return {"ckpt": None, "changed": {}, "cfg": asdict(self.cfg)}
+        ckpt = load_checkpoint(self.ckpt, for_resume=True)
+        model_config = asdict(self.model.config)
+        # a setting added to the model since the checkpoint was written has its default there
+        saved_model = {f.name: f.default for f in fields(self.model.config)
+                       if f.default is not MISSING} | ckpt["model_config"]
+        saved_meta = dict(ckpt["meta"])
+        if "objective" not in self.meta and saved_meta.get("objective") == LEGACY_OBJECTIVE:
+            del saved_meta["objective"]
+        fixed = ({f"model.{k}" for k in set(model_config) | set(saved_model)}
+                 | {"kind", "kind_source", "objective"})
+        changed = check_resume(self.identity(saved_model, ckpt["train_config"], saved_meta),
+                               self.identity(model_config, asdict(self.cfg), self.meta),
+                               fixed=fixed, allow=allow)
+        for name, (old, new) in changed.items():
+            print(f"resuming with {name} changed: {old!r} -> {new!r}")
+        if ckpt["step"] >= self.cfg.steps:
+            raise ValueError(f"{self.ckpt} has already trained {ckpt['step']} steps, the whole "
+                             f"run; to train further pass a larger --steps (the total) with "
+                             "--allow-change steps, which stretches the learning-rate schedule to "
+                             "the new total")
+        return {"ckpt": ckpt, "changed": changed, "cfg": asdict(self.cfg)}
+
+    def save(self, step: int, state) -> None:
+        """Save a checkpoint of `step` (atomically); the caller has checked the weights."""
+        save_checkpoint(self.ckpt, {
+            "format": FORMAT, "step": step, "model": self.model.state_dict(),
+            "model_config": asdict(self.model.config), "meta": self.meta,
+            "train_config": asdict(self.cfg), "objective": self.own.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "state": states.encode(states.to_device(state, "cpu")),
+        })
+        self.saved = step
+
+    def write(self, row: dict) -> None:
+        """Append a metrics row to metrics.csv (losses to 4 decimals)."""
+        row = {k: "" if v is None else v if isinstance(v, int) else f"{v:.4g}" if k in (
+            "grad_norm", "lr", "tokens_per_s") else f"{v:.1f}" if k == "elapsed_s" else f"{v:.4f}"
+            for k, v in row.items()}
+        if self._log is None:
+            path = self.out / METRICS
+            old = path.exists() and path.stat().st_size > 0
+            fieldnames = next(csv.reader(open(path))) if old else list(row)
+            self._log = open(path, "a" if old else "w", newline="")
+            self._writer = csv.DictWriter(self._log, fieldnames=fieldnames, extrasaction="ignore")
+            if not old:
+                self._writer.writeheader()
+        self._writer.writerow(row)
+        self._log.flush()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def trim(self, step: int) -> None:
+        """On resume, drop metrics rows logged after the checkpoint's step: they are redone."""
+        path = self.out / METRICS
+        if not path.exists():
+            return
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+            names = rows and list(rows[0])
+        tmp = path.with_name(path.name + ".part")
+        with open(tmp, "w", newline="") as f:  # then renamed: a crash keeps the old file
+            if names:
+                w = csv.DictWriter(f, fieldnames=names)
+                w.writeheader()
+                w.writerows(r for r in rows if int(r["step"]) <= step)
+        os.replace(tmp, path)
+
+    def plot(self) -> None:
+        """loss.png: training and held-out bits per byte against the step."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        with open(self.out / METRICS) as f:
+            rows = list(csv.DictReader(f))
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows],
+                label="train")
+        held = [r for r in rows if r["valid_bpc"]]
+        ax.plot([int(r["step"]) for r in held], [float(r["valid_bpc"]) for r in held], "o-",
+                label="held-out")
+        ax.set(xlabel="step", ylabel="bits per byte", title=self.out.name)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.out / PLOT)
+        plt.close(fig)
+
+
+def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, say: bool,
+            no_decay=()):
+    """Load a checkpoint's weights and optimiser state; (its step, its whole state)."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        own.load_state_dict(ckpt["objective"])
+        saved_on = {**BEFORE, **ckpt["train_config"]}["weight_decay_on"]
+        load_optimizer_state(opt, ckpt["optimizer"], saved_on, [model, own], cfg, device,
+                             no_decay=no_decay)
+        state = states.decode(ckpt["state"])
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{path} does not fit this run: "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+                              ) from None
+    if state is not None and changed.keys() & {"batch_size", "corpus"}:
+        if say:
+            print("resuming with an empty state (memory): it belonged to other streams")
+        state = None
+    return ckpt["step"], state

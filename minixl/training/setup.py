@@ -1,0 +1,184 @@
+"""The set-up of a run: a model kind, a preset and a corpus in, everything `train` needs out.
+
+Hand-written shared machinery (not generated). `minixl train` is this plus printing; a
+notebook calls it the same way::
+
+    run = minixl.setup_run(preset="xl-base", train_settings=dict(steps=50), out="runs/try")
+    result = run.train()
+
+`run_settings` resolves a kind, a preset and overrides into configs, and `build_model`
+builds the model and its objective from them, seeded once (the benchmark uses both). `setup_run` adds the corpus, the device, the batch source and the held-out measure.
+Both load the book's model kinds (and so every chapter's module) when called, not when
+this module is imported: the loop itself serves Chapter 2 before later chapters exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from ..checkpoint import CheckpointError, load_checkpoint
+from ..data import Corpus, load_corpus
+from ..kinds import ModelKind, model_fields, resolve_preset, with_overrides
+from ..options import flag
+from .loop import TrainConfig, TrainResult, train
+from .run_folder import CHECKPOINT
+
+__all__ = ["Settings", "run_settings", "Built", "build_model", "RunSetup", "setup_run",
+           "default_weight_decay_on"]
+
+
+@dataclass
+class Built:
+    """A model ready to train: its kind and preset, the model, its objective (None: the
+    next-byte loss), the objective's options, and the TrainConfig."""
+
+    kind: ModelKind
+    preset: str
+    model: nn.Module
+    objective: Callable | nn.Module | None
+    objective_options: dict
+    config: TrainConfig
+
+    @property
+    def length(self) -> int:
+        """The training length (window or segment) of the model."""
+        return getattr(self.model.config, self.kind.length)
+
+
+@dataclass
+class Settings:
+    """What a run will be, before anything is built: the kind and preset, the model's config,
+    the TrainConfig and the objective's options."""
+
+    kind: ModelKind
+    preset: str
+    model_config: object
+    config: TrainConfig
+    objective_options: dict
+
+
+def run_settings(model: str | ModelKind | None = None, preset: str | None = None, *,
+                 model_settings: dict | None = None, train_settings: dict | None = None,
+                 objective_options: dict | None = None) -> Settings:
+    """The settings of `model` (a kind or its name; None: the default) at `preset` (None:
+    tiny, or the one a paper-scale preset names), with config fields and TrainConfig fields
+    overridden where given (None values are ignored). A run set up here decays only weight
+    matrices (weight_decay_on="matrices") unless told otherwise."""
+    kind, preset = resolve_preset(getattr(model, "name", model), preset)
+    model_cfg, train_kw = kind.preset(preset)
+    given = {k: v for k, v in (model_settings or {}).items() if v is not None}
+    own = {f.name for f in fields(kind.config)}
+    foreign = [n for n in given if n not in own]
+    if foreign:
+        known = model_fields()
+        others = sorted({k for n in foreign for k in known.get(n, (None, []))[1]})
+        raise ValueError(f"{', '.join(map(flag, foreign))} appl{'ies' if len(foreign) == 1 else 'y'}"
+                         f" to --model {' or '.join(others) or '(none)'}, not --model {kind.name}")
+    unknown = sorted(set(train_settings or {}) - {f.name for f in fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"unknown training settings {', '.join(unknown)}: TrainConfig has "
+                         f"{', '.join(f.name for f in fields(TrainConfig))}")
+    cfg = with_overrides(TrainConfig(**{"weight_decay_on": "matrices", **train_kw}),
+                         **(train_settings or {}))
+    return Settings(kind, preset, with_overrides(model_cfg, **given), cfg,
+                    kind.objective_options(preset, objective_options))
+
+
+def build_model(model: str | ModelKind | None = None, preset: str | None = None, *,
+                model_settings: dict | None = None, train_settings: dict | None = None,
+                objective_options: dict | None = None) -> Built:
+    """The model and objective of run_settings(...), seeded once with the run's seed."""
+    s = run_settings(model, preset, model_settings=model_settings,
+                     train_settings=train_settings, objective_options=objective_options)
+    torch.manual_seed(s.config.seed)  # the model's weights, then the objective's own
+    net = s.kind.build(s.model_config)
+    return Built(s.kind, s.preset, net, s.kind.build_objective(s.model_config,
+                                                               s.objective_options),
+                 s.objective_options, s.config)
+
+
+def default_weight_decay_on(out: str | Path | None, resume: bool) -> str | None:
+    """A resumed run keeps its checkpoint's grouping (one written before the setting existed
+    decayed everything); None when there is nothing to read (the caller's default holds)."""
+    if not resume or out is None:
+        return None
+    try:
+        saved = load_checkpoint(Path(out) / CHECKPOINT, for_resume=True)["train_config"]
+    except CheckpointError:
+        return None  # the trainer says what is wrong with it
+    return saved.get("weight_decay_on", "all")
+
+
+@dataclass
+class RunSetup:
+    """A run ready to start: `train()` runs it (see setup_run)."""
+
+    built: Built
+    corpus: Corpus
+    source: str
+    device: torch.device
+    batches: Callable
+    held_out: Callable[[nn.Module, int | None], float]
+    meta: dict
+    out: Path | None
+    resume: bool = False
+    overwrite: bool = False
+    allow_change: tuple[str, ...] = ()
+
+    def train(self, *, progress: bool = True) -> TrainResult:
+        b = self.built
+        return train(b.model, b.config, batches=self.batches, objective=b.objective,
+                     held_out=self.held_out, out=self.out, resume=self.resume,
+                     overwrite=self.overwrite, allow_change=self.allow_change, meta=self.meta,
+                     progress=progress, no_decay=b.kind.no_decay)
+
+
+def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *,
+              corpus: str = "pydoc", device: str = "auto", out: str | Path | None = None,
+              model_settings: dict | None = None, train_settings: dict | None = None,
+              objective_options: dict | None = None, resume: bool = False,
+              overwrite: bool = False, allow_change: tuple[str, ...] = ()) -> RunSetup:
+    """Everything a run needs: the model and objective (build_model), the corpus (loaded
+    once), the device (cuda:LOCAL_RANK under torchrun), the kind's batch source over the
+    train split (on the device: batches are cut there), the held-out measure (the kind's
+    first evaluation protocol on the valid split, at the training length) and the metadata a
+    checkpoint keeps. Bad settings fail here, before any training."""
+    from ..device import training_device
+    from ..evaluation import check_protocol, evaluate
+
+    train_settings = dict(train_settings or {}, device=device)
+    if train_settings.get("weight_decay_on") is None:
+        train_settings["weight_decay_on"] = default_weight_decay_on(out, resume)
+    built = build_model(model, preset, model_settings=model_settings,
+                        train_settings=train_settings, objective_options=objective_options)
+    kind, cfg, length = built.kind, built.config, built.length
+    protocol = kind.protocols[0]
+    check_protocol(protocol, length, what=flag(kind.length))  # found now, not after training
+    data = load_corpus(corpus)
+    if len(data.valid) < length + 1:
+        raise ValueError(f"the valid split of {data.name!r} has {len(data.valid):,} bytes, too "
+                         f"few for one window of {length}; use more text or a smaller "
+                         f"{flag(kind.length)}")
+    where = training_device(cfg.device)
+    # the train split (at most ~100 MB of bytes) goes to the device once: batches are cut there
+    batches = kind.batches(data.train.to(where), cfg.batch_size, built.model.config,
+                           seed=cfg.seed)
+
+    def held_out(net: nn.Module, n_bytes: int | None) -> float:
+        text = data.valid if n_bytes is None else data.valid[:n_bytes]
+        return evaluate(net, text, protocol, seq_len=length, batch_size=cfg.batch_size).bpc
+
+    meta = {"kind": kind.name}
+    if kind.source:
+        meta["kind_source"] = kind.source
+    tag = kind.objective_tag(built.objective_options)
+    if tag is not None:
+        meta["objective"] = tag
+    meta["corpus"] = {"source": corpus, "sha256": data.sha256}
+    return RunSetup(built, data, corpus, where, batches, held_out, meta,
+                    None if out is None else Path(out), resume, overwrite, tuple(allow_change))

@@ -1,0 +1,149 @@
+"""A model's state, of any shape: split by rows, put back together, moved, saved.
+
+Hand-written shared machinery (not generated). The state is what `model.step` carries from
+one call to the next (Transformer-XL's memory, a list of tensors [B, M, C]). The trainer cuts
+it by rows for micro-batches and processes, joins the rows again, moves it between devices
+and saves it in checkpoints; it never looks inside. A state may be None or nest tensors in
+tuples, lists, dicts, named tuples and dataclasses, with plain values (numbers, strings,
+None) beside them; `torch.utils._pytree` walks it. Every tensor's first dimension is the
+batch; plain values are the same for every row. Anything else is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["StateError", "flatten", "map_tensors", "rows", "cat_rows", "to_device", "encode",
+           "decode"]
+
+PLAIN = (int, float, bool, str, type(None))
+
+
+class StateError(TypeError):
+    """A model's state holds something the trainer cannot split, move or save."""
+
+
+def flatten(state) -> tuple[list, pytree.TreeSpec]:
+    """The state's leaves (tensors and plain values) and its structure. Dataclasses are
+    registered with pytree the first time one is met."""
+    while True:
+        leaves, spec = pytree.tree_flatten(state)
+        new = {type(x) for x in leaves if dataclasses.is_dataclass(x) and not isinstance(x, type)}
+        if not new:
+            break
+        for cls in new:
+            pytree.register_dataclass(cls)
+    bad = [x for x in leaves if not isinstance(x, (torch.Tensor, *PLAIN))]
+    if bad:
+        raise StateError(f"a model's state may hold tensors (and plain values) in tuples, "
+                         f"lists, dicts, named tuples and dataclasses; this one holds a "
+                         f"{type(bad[0]).__name__}: make step() return tensors")
+    return leaves, spec
+
+
+def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], state):
+    """The state with fn applied to every tensor (plain values kept)."""
+    leaves, spec = flatten(state)
+    return pytree.tree_unflatten([fn(x) if isinstance(x, torch.Tensor) else x
+                                  for x in leaves], spec)
+
+
+def rows(state, index: slice):
+    """Rows `index` (dim 0) of every tensor in the state."""
+    return map_tensors(lambda t: t[index], state)
+
+
+def to_device(state, device):
+    """The state with every tensor on `device`."""
+    return map_tensors(lambda t: t.to(device), state)
+
+
+def cat_rows(states: list):
+    """The states of consecutive rows, put back together along dim 0 (inverse of rows)."""
+    if len(states) == 1:
+        return states[0]
+    flat = [flatten(s) for s in states]
+    spec = flat[0][1]
+    if any(s != spec for _, s in flat):
+        raise StateError("the micro-batches returned states of different shapes: step() must "
+                         "return the same structure for every batch")
+    joined = []
+    for parts in zip(*(leaves for leaves, _ in flat)):
+        if isinstance(parts[0], torch.Tensor):
+            joined.append(torch.cat(parts, dim=0))
+        elif any(p != parts[0] for p in parts):
+            raise StateError(f"a plain value of the state differs between rows ({parts[0]!r} "
+                             f"and {next(p for p in parts if p != parts[0])!r}): only tensors "
+                             "may vary by row")
+        else:
+            joined.append(parts[0])
+    return pytree.tree_unflatten(joined, spec)
+
+
+# ---------------------------------------------------------------- in a checkpoint
+
+CLASS = "minixl.state.class"  # the key that marks an encoded named tuple or dataclass
+
+
+def encode(state):
+    """The state as a checkpoint can hold it (read back with weights_only=True): tensors,
+    plain values, lists, tuples and dicts as they are; a named tuple or dataclass as a dict
+    that names its class. The same check as flatten: anything else is refused."""
+    flatten(state)
+    return _encode(state)
+
+
+def _encode(x):
+    if isinstance(x, (torch.Tensor, *PLAIN)):
+        return x
+    if dataclasses.is_dataclass(x):
+        return {CLASS: _class_name(type(x)), "fields": {
+            f.name: _encode(getattr(x, f.name)) for f in dataclasses.fields(x)}}
+    if pytree.is_namedtuple_instance(x):
+        return {CLASS: _class_name(type(x)), "fields": {k: _encode(v)
+                                                        for k, v in x._asdict().items()}}
+    if isinstance(x, dict):
+        return {k: _encode(v) for k, v in x.items()}
+    return type(x)(_encode(v) for v in x)  # a list or a tuple
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def decode(saved):
+    """The state encode() saved. A named class is looked up in a module already imported
+    (building the model imports it): a checkpoint never makes minixl import code."""
+    if isinstance(saved, dict) and CLASS in saved:
+        cls = _find_class(saved[CLASS])
+        values = {k: decode(v) for k, v in saved["fields"].items()}
+        if dataclasses.is_dataclass(cls):
+            init = {f.name for f in dataclasses.fields(cls) if f.init}
+            obj = cls(**{k: v for k, v in values.items() if k in init})
+            for k, v in values.items():
+                if k not in init:
+                    object.__setattr__(obj, k, v)
+            return obj
+        return cls(**values)
+    if isinstance(saved, dict):
+        return {k: decode(v) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)):
+        return type(saved)(decode(v) for v in saved)
+    return saved
+
+
+def _find_class(name: str) -> type:
+    module_name, _, qualname = name.partition(":")
+    module = sys.modules.get(module_name)
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type):
+        raise StateError(f"the checkpoint's state is a {name}, which is not loaded: build the "
+                         "model (which imports its module) before reading its state")
+    return obj

@@ -1,0 +1,174 @@
+"""A student's own model plugs in without changing a file of minixl: a bigram table, defined in
+this file, trains, stops on Ctrl-C, resumes bit-exactly, evaluates, samples and is benchmarked
+through the real command line (`--model test_plugin:BIGRAM`), and from Python (register)."""
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from minixl.kinds import ModelKind, Preset
+
+HERE = Path(__file__).resolve().parent
+
+
+# ---------------------------------------------------------------- the student's model
+
+@dataclass
+class BigramConfig:
+    """The model's settings: each field with a default is a command-line flag."""
+
+    vocab_size: int = 256
+    block_size: int = 32  # the window the trainer cuts (a bigram reads one byte of it at a time)
+    dropout: float = 0.1
+
+
+class Bigram(nn.Module):
+    """Next-byte logits from the current byte alone: a table [V, V]."""
+
+    def __init__(self, config: BigramConfig):
+        super().__init__()
+        self.config = config
+        self.table = nn.Embedding(config.vocab_size, config.vocab_size)
+        self.drop = nn.Dropout(config.dropout)
+
+    def step(self, tokens: torch.Tensor, state=None):
+        """The model protocol: logits [B, T, V] for tokens [B, T]; nothing to carry."""
+        return self.drop(self.table(tokens)), None
+
+
+BIGRAM = ModelKind(
+    "bigram", "a table of next-byte logits (a test's own model)", BigramConfig, Bigram,
+    length="block_size",
+    presets={"tiny": Preset(dict(block_size=32),
+                            dict(steps=12, batch_size=8, lr=3e-2, warmup=2, eval_every=4,
+                                 ckpt_every=4, log_every=1, eval_bytes=1024))})
+
+
+# ---------------------------------------------------------------- through the command line
+
+SPEC = "test_plugin:BIGRAM"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [str(HERE)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)), "OMP_NUM_THREADS": "1"}
+
+
+def _minixl(cwd: Path, *argv: str, code: int = 0, signal_at: int | None = None):
+    """`python -m minixl ARGV` in cwd, as a user runs it (with SIGINT sent to itself as the
+    batch of step `signal_at` is read, if given)."""
+    from conftest import signalled_at
+
+    cmd = ([sys.executable, "-m", "minixl", *argv] if signal_at is None else
+           signalled_at(signal_at, "SIGINT", list(argv)))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=ENV, timeout=300)
+    assert r.returncode == code, r.stdout + r.stderr
+    return r
+
+
+def _weights_and_moments(path: Path):
+    from minixl.checkpoint import load_checkpoint
+
+    c = load_checkpoint(path, for_resume=True)
+    return c["step"], c["model"], c["optimizer"]["state"]
+
+
+@pytest.mark.slow
+def test_a_model_of_ones_own_trains_resumes_evaluates_samples_and_benchmarks(tmp_path,
+                                                                            small_corpus):
+    train = ["train", "--model", SPEC, "--corpus", str(small_corpus), "--device", "cpu",
+             "--no-progress", "--sample-len", "0"]
+    r = _minixl(tmp_path, *train, "--out", "whole")
+    assert "--model bigram, 65,536 parameters, 12 steps of 8 x 32 bytes" in r.stdout
+
+    r = _minixl(tmp_path, *train, "--out", "part", code=130, signal_at=5)  # Ctrl-C in step 6
+    assert "stopped after step 6" in r.stderr and "Traceback" not in r.stderr
+    _minixl(tmp_path, *train, "--out", "part", "--resume")
+    (a_step, a, a_opt), (b_step, b, b_opt) = (_weights_and_moments(tmp_path / run /
+                                                                   "checkpoint.pt")
+                                              for run in ("part", "whole"))
+    assert a_step == b_step == 12 and torch.equal(a["table.weight"], b["table.weight"])
+    assert all(torch.equal(a_opt[k][f], b_opt[k][f]) for k in a_opt
+               for f in ("exp_avg", "exp_avg_sq"))
+    logged = (tmp_path / "part" / "metrics.csv").read_text().splitlines()
+    header, last = logged[0].split(","), logged[-1].split(",")
+    valid = float(last[header.index("valid_bpc")])
+
+    ckpt = str(tmp_path / "part" / "checkpoint.pt")
+    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--model", SPEC, "--max-bytes", "1024",
+                "--batch-size", "8", "--device", "cpu")
+    assert abs(float(r.stdout.split(": ")[1].split()[0]) - valid) < 2e-4, r.stdout
+    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--device", "cpu", code=2)
+    assert r.stderr.strip() == (f"minixl eval: error: the checkpoint holds --model bigram, a "
+                                f"model of your own: pass --model {SPEC} (or register it) to "
+                                "load its code")
+    r = _minixl(tmp_path, "sample", "--checkpoint", ckpt, "--model", SPEC, "--prompt", "ab",
+                "--n", "20", "--device", "cpu")
+    assert r.stdout.startswith("ab") and len(r.stdout.encode()) > 2
+    r = _minixl(tmp_path, "bench", "--model", SPEC, "--batch-size", "2", "--steps", "1",
+                "--warmup", "0", "--device", "cpu")
+    assert "model: bigram  params: 65,536  batch 2 x 32" in r.stdout  # 6N FLOPs: no count given
+    _minixl(tmp_path, "bench", "--suite", "models", "--models", SPEC, "--preset", "tiny",
+            "--steps", "1", "--warmup", "0", "--device", "cpu", "--csv", "m.csv")
+    assert "bigram,tiny" in (tmp_path / "m.csv").read_text()
+
+
+def test_a_model_of_ones_own_from_python(tmp_path, small_corpus):
+    import minixl
+    from minixl import kinds
+
+    try:
+        minixl.models.register(BIGRAM)
+        run = minixl.setup_run("bigram", train_settings=dict(steps=4), corpus=str(small_corpus),
+                               device="cpu", out=tmp_path / "run")
+        result = run.train(progress=False)
+        assert result.steps == 4 and 0 < result.valid_bpc < 9
+        assert run.meta["kind"] == "bigram" and "objective" not in run.meta
+        with pytest.raises(ValueError, match="a model kind called 'bigram' is registered"):
+            minixl.models.register(ModelKind("bigram", "another", BigramConfig, Bigram,
+                                             "block_size", BIGRAM.presets))
+        with pytest.raises(ValueError, match="--max-relative applies to --model shaw, not "
+                                             "--model bigram"):
+            minixl.setup_run("bigram", model_settings={"max_relative": 4})
+    finally:
+        kinds.KINDS.pop("bigram", None)
+
+
+def test_a_kind_that_does_not_fit_its_config_is_refused_when_declared():
+    with pytest.raises(ValueError, match="model kind 'broken': window is not a field of "
+                                         "BigramConfig"):
+        ModelKind("broken", "", BigramConfig, Bigram, "window", BIGRAM.presets)
+    with pytest.raises(ValueError, match="sets objective options aux_losses, which its "
+                                         "objective does not take"):
+        ModelKind("broken", "", BigramConfig, Bigram, "block_size",
+                  {"tiny": Preset({}, {}, {"aux_losses": "none"})})
+
+
+@pytest.mark.slow
+def test_the_readmes_example_works_as_written(tmp_path):
+    """README.md's bigram.py, its commands (with the `minixl` the install puts on the PATH,
+    run from the folder that holds the file) and its Python lines, as a reader copies them."""
+    readme = (HERE.parent / "README.md").read_text()
+    section = readme[readme.index("## A model of your own"):readme.index("## How the library")]
+    blocks = section.split("```")[1::2]  # the fenced blocks, in order
+    code, commands, python = blocks[0], blocks[1], blocks[2]
+    (tmp_path / "bigram.py").write_text(code.removeprefix("python\n"))
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}  # only the current folder
+    script = Path(sys.executable).parent / "minixl"
+    for line in commands.strip().splitlines():
+        argv = shlex.split(line.split("#")[0])[1:]
+        if "--resume" in argv:
+            continue  # resuming after a Ctrl-C is tested above
+        r = subprocess.run([str(script), *argv], capture_output=True,
+                           text=True, cwd=tmp_path, env=env, timeout=600)
+        assert r.returncode == 0, (line, r.stderr)
+    assert (tmp_path / "runs" / "bigram" / "checkpoint.pt").exists()
+    r = subprocess.run([sys.executable, "-c", python.removeprefix("python\n").replace(
+        'out="runs/bigram"', 'out="runs/from-python"')], capture_output=True, text=True,
+        cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "runs" / "from-python" / "loss.png").exists()
