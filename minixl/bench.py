@@ -154,7 +154,8 @@ def models_suite(preset: str | None = None, models: str | list | None = None,
         if preset in papers and papers[preset] != kind.name:
             continue  # a paper-scale preset: its own model only
         point = kind.scale_preset if preset is None else preset
-        imports = f"from minixl.models import kind_of; kind_of({kind.source!r})" if kind.source else ""
+        imports = (f"from minixl.models import kind_of; kind_of({kind.source!r})"
+                   if kind.source else "")  # a kind of your own: import it there too
         rows.append(_in_fresh_process(
             f"model_point({name!r}, {point!r}, batch_size={batch_size!r}, steps={steps!r}, "
             f"warmup={warmup!r}, device={device!r}, compile={compile!r}, peak={peak_tflops!r})",

@@ -40,7 +40,7 @@ from .data import OrderedStreams, RandomWindows
 from .options import Option, flag
 
 __all__ = ["Preset", "Objective", "ModelKind", "KINDS", "DEFAULT_MODEL", "register", "kind_of",
-           "paper_presets", "resolve_preset", "model_fields", "with_overrides"]
+           "paper_presets", "resolve_preset", "model_fields", "with_overrides", "not_for"]
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,9 @@ class ModelKind:
         own = self.objective.options if self.objective else ()
         foreign = [k for k in given if k not in {o.name for o in own}]
         if foreign:
-            takers = sorted({k.name for k in _known().values() if k.objective and
-                             set(foreign) <= {o.name for o in k.objective.options}})
-            raise ValueError(f"{', '.join(map(flag, foreign))} appl{'ies' if len(foreign) == 1 else 'y'}"
-                             f" to --model {' or '.join(takers) or '(none)'}, not --model "
-                             f"{self.name}")
+            takers = [k.name for k in _known().values() if k.objective and
+                      set(foreign) <= {o.name for o in k.objective.options}]
+            raise ValueError(not_for(foreign, takers, self.name))
         preset_options = self.presets[preset].objective if preset in self.presets else {}
         return {o.name: o.default for o in own} | preset_options | given
 
@@ -170,6 +168,12 @@ class ModelKind:
 
     def help_for(self, field_name: str) -> str:
         return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
+
+
+def not_for(names: list[str], takers, kind: str) -> str:
+    """The message for settings that a kind does not have: which kinds take them."""
+    return (f"{', '.join(map(flag, names))} appl{'ies' if len(names) == 1 else 'y'} to --model "
+            f"{' or '.join(sorted(set(takers))) or '(none)'}, not --model {kind}")
 
 
 KINDS: dict[str, ModelKind] = {}

@@ -271,7 +271,7 @@ def test_a_checkpoint_written_before_the_training_package_resumes_as_it_would_ha
     assert list(new) == [5, 6, 7, 8]  # the old run's metrics were not copied: only what ran
     for step in new:
         assert new[step]["train_bpc"] == old[step]["train_bpc"], step
-    assert new[8]["valid_bpc"] == old[8]["valid_bpc"]
+    # (the held-out score after the last step now reads the whole split, not 512 bytes)
     weights = torch.load(OLD / f"{kind}-step8-weights.pt", weights_only=True)
     ended = load_checkpoint(run / "checkpoint.pt", for_resume=True)
     assert ended["step"] == 8 and ended["meta"]["kind"] == kind

@@ -35,21 +35,25 @@ def _valid_bpc_at_the_end(run: Path) -> str:
 
 
 @pytest.mark.parametrize("which", ["char", "xl", "segtree"])
-def test_eval_scores_the_checkpoint_as_training_did(which, request, capsys):
-    """The runs scored their first 2048 valid bytes at step 8 with batch size 4 (the
-    fixtures' --eval-bytes and --batch-size); eval of the saved step-8 checkpoint with the
-    same settings must print the same number (more bytes, or another protocol, would not)."""
+def test_eval_scores_the_checkpoint_as_training_did(which, request, capsys, small_corpus):
+    """After its last step a run scores the whole valid split (with memory, in as many streams
+    as its batch); eval of the saved step-8 checkpoint prints the same number with the same
+    streams, and (--max-bytes) a different one on fewer bytes."""
     run = request.getfixturevalue(f"{which}_run")
     capsys.readouterr()  # a fixture first used here printed its training run
     ckpt = str(run / "checkpoint.pt")
-    assert main(["eval", "--checkpoint", ckpt, "--split", "valid", "--max-bytes", "2048",
-                 "--batch-size", "4", "--device", "cpu"]) == 0
+    assert main(["eval", "--checkpoint", ckpt, "--split", "valid", "--batch-size", "4",
+                 "--device", "cpu"]) == 0
     line = capsys.readouterr().out.strip()
     # both printed to 4 decimals; another thread count may move the last digit
     got, logged = float(line.split(": ")[1].split()[0]), float(_valid_bpc_at_the_end(run))
     assert abs(got - logged) < 2e-4, line
-    assert "2,048 bytes" in line
+    assert f"{len(load_corpus(str(small_corpus)).valid):,} bytes" in line
     assert ("memory of 16" in line) == (which == "xl")  # xl's default protocol carries memory
+    assert main(["eval", "--checkpoint", ckpt, "--max-bytes", "2048", "--batch-size", "4",
+                 "--device", "cpu"]) == 0
+    fewer = float(capsys.readouterr().out.split(": ")[1].split()[0])
+    assert fewer != got and "2,048 bytes" not in line
 
     assert main(["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu"]) == 0
     line = capsys.readouterr().out
@@ -125,10 +129,12 @@ def test_xlnet_trains_and_is_scored_by_infilling_as_training_did(xlnet_run, caps
     lines = (xlnet_run / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in lines[1:]] == ["2", "4", "6", "8"]
     argv = ["eval", "--checkpoint", str(xlnet_run / "checkpoint.pt"), "--device", "cpu"]
-    assert main([*argv, "--max-bytes", "2048", "--batch-size", "4"]) == 0
+    assert main(argv) == 0  # the whole valid split, as after the run's last step
     line = capsys.readouterr().out.strip()
     got, logged = float(line.split(": ")[1].split()[0]), float(_valid_bpc_at_the_end(xlnet_run))
     assert abs(got - logged) < 2e-4, line
+    assert main([*argv, "--max-bytes", "2048", "--batch-size", "4"]) == 0
+    line = capsys.readouterr().out.strip()
     assert ("2,048 bytes, 64 spans of 8 bytes in the middle of windows of 32, read left to "
             "right within the span, both sides seen") in line
 

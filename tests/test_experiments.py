@@ -21,6 +21,8 @@ TINY = {
                ["model", "preset", "device", "torch", "dtype", "compile", "params"]),
     "positions": (["--depths", "1", "--seeds", "0,1", "--steps", "2"],
                   ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]),
+    "nanogpt_race": (["--nanogpt", "{stub}", "--text", "{text}", "--rounds", "2", "--steps",
+                      "3"], ["program", "round", "steps", "seconds", "held_out_bpc"]),
     "depth": (["--depths", "1,2", "--seeds", "0", "--steps", "2", "--d-model", "8",
                "--seq-len", "8", "--batch-size", "2", "--eval-bytes", "64"],
               ["depth", "norm", "losses", "seed", "steps", "d_model", "seq_len", "train_bpc",
@@ -81,11 +83,31 @@ def test_write_csv_is_atomic_and_the_table_has_every_row(tmp_path):
     assert not (tmp_path / "u.csv").exists()
 
 
+# A stand-in for a nanoGPT checkout (the real one is not part of minixl): its train.py
+# reads the flags nanoGPT's does and prints an evaluation line as nanoGPT's does.
+STUB_TRAIN = """
+import sys
+flags = dict(a[2:].split("=", 1) for a in sys.argv[2:])
+assert sys.argv[1] == "config/train_shakespeare_char.py" and flags["device"] == "cpu"
+print(f"step {flags['max_iters']}: train loss 2.1000, val loss 1.3863")
+"""
+
+
+def _stub(tmp_path: Path, small_corpus: Path) -> dict:
+    stub = tmp_path / "nanoGPT"
+    (stub / "config").mkdir(parents=True)
+    (stub / "config" / "train_shakespeare_char.py").write_text("")
+    (stub / "train.py").write_text(STUB_TRAIN)
+    return {"stub": stub, "text": small_corpus}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
-def test_every_entry_writes_its_csv_from_the_command_line(name, tmp_path):
+def test_every_entry_writes_its_csv_from_the_command_line(name, tmp_path, small_corpus):
     """`python -m minixl.experiments NAME` on a tiny setting, as a user runs it."""
     options, columns = TINY[name]
+    paths = _stub(tmp_path, small_corpus) if name == "nanogpt_race" else {}
+    options = [o.format(**paths) for o in options]
     path = tmp_path / f"{name}.csv"
     r = subprocess.run([sys.executable, "-m", "minixl.experiments", name, *options, "--csv",
                         str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -100,11 +122,14 @@ def test_every_entry_writes_its_csv_from_the_command_line(name, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_entries_measure_what_they_say(tmp_path, capsys):
+def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     """Values that hang together, through `minixl bench --suite NAME` (the same registry)."""
+    paths = _stub(tmp_path, small_corpus)
+
     def run(name, *extra):
         path = tmp_path / f"{name}.csv"
-        assert main(["bench", "--suite", name, *TINY[name][0], *extra, "--csv", str(path)]) == 0
+        options = [o.format(**paths) for o in TINY[name][0]]
+        assert main(["bench", "--suite", name, *options, *extra, "--csv", str(path)]) == 0
         return _read(path)
 
     rows = run("shaw_cost")
@@ -125,6 +150,14 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "segtree: n=256" in text and "(slope " in text
 
+    rows = run("nanogpt_race")
+    assert [(r["program"], r["round"]) for r in rows] == [
+        ("nanoGPT", "1"), ("minixl", "1"), ("nanoGPT", "2"), ("minixl", "2")]
+    nanogpt = {r["held_out_bpc"] for r in rows if r["program"] == "nanoGPT"}
+    assert nanogpt == {"2.0"}  # the stand-in's 1.3863 nats
+    assert all(0 < float(r["held_out_bpc"]) < 9 for r in rows)  # bits, not nats
+    assert "minixl's time / nanoGPT's: median " in capsys.readouterr().out
+
     rows = run("xl_eval_speed")
     assert [r["A"] for r in rows] == ["8", "16"]
     assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
@@ -139,6 +172,7 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys):
     (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
     (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
     (["models", "--models", "nope"], "unknown model 'nope'"),
+    (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
 ])
 def test_bad_options_are_one_clear_line_and_write_nothing(argv, message, tmp_path, capsys):
     path = tmp_path / "x.csv"

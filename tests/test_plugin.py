@@ -99,8 +99,8 @@ def test_a_model_of_ones_own_trains_resumes_evaluates_samples_and_benchmarks(tmp
     valid = float(last[header.index("valid_bpc")])
 
     ckpt = str(tmp_path / "part" / "checkpoint.pt")
-    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--model", SPEC, "--max-bytes", "1024",
-                "--batch-size", "8", "--device", "cpu")
+    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--model", SPEC, "--batch-size", "8",
+                "--device", "cpu")  # the whole valid split, as after a run's last step
     assert abs(float(r.stdout.split(": ")[1].split()[0]) - valid) < 2e-4, r.stdout
     r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--device", "cpu", code=2)
     assert r.stderr.strip() == (f"minixl eval: error: the checkpoint holds --model bigram, a "

@@ -415,3 +415,20 @@ def test_a_state_the_trainer_cannot_split_is_one_clear_error(tmp_path):
     with pytest.raises(states.StateError, match="this one holds a set"):
         train(Opaque(RunningConfig()), cfg, batches=OrderedStreams(STREAM, 4, 8),
               progress=False)
+
+
+def test_the_optimisers_kernel_on_the_cpu(char_run):
+    """By default the foreach kernels (Chapter 1's updates, bit for bit: the first test); a
+    run set up by `minixl train` asks for the fused kernel, which is faster and rounds
+    otherwise; the kernel is no part of a run's identity (a resume may change it)."""
+    from minixl.training import make_optimizer
+    from minixl.training.run_folder import FREE
+
+    model = CharTransformer(TINY)
+    cpu = torch.device("cpu")
+    [group] = make_optimizer([model], TrainConfig(), cpu).param_groups
+    assert group["foreach"] and not group["fused"]
+    [group] = make_optimizer([model], TrainConfig(fused=True), cpu).param_groups
+    assert group["fused"]
+    groups = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)["optimizer"]
+    assert [g["fused"] for g in groups["param_groups"]] == [True, True] and "fused" in FREE

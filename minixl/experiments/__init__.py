@@ -196,6 +196,18 @@ register(Experiment(
      Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"))))
 
 register(Experiment(
+    "nanogpt_race", "minixl.experiments.char_transformer:nanogpt_race",
+    "book/nanogpt_race.csv",
+    "Chapter 1's loop: `minixl train` against nanoGPT's train.py, whole commands in turn, "
+    "on nanoGPT's CPU recipe for Tiny Shakespeare",
+    (Option("nanogpt", str, None, "a checkout of github.com/karpathy/nanoGPT", required=True),
+     Option("text", str, None, "Tiny Shakespeare (nanoGPT's data/shakespeare_char/input.txt)",
+            required=True),
+     Option("rounds", int, 3, "runs of each, in turn"),
+     Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)")),
+    report="minixl.experiments.char_transformer:race_ratio"))
+
+register(Experiment(
     "depth", "minixl.experiments.aux_losses:depth_sweep", "book/depth_sweep.csv",
     "Chapter 2: held-out bpc by depth, pre/post-norm, with and without intermediate losses",
     (Option("depths", str, "4,16,32", "comma-separated numbers of layers"),

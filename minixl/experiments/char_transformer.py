@@ -1,4 +1,5 @@
-"""Chapter 1's experiment: per-layer position tables against a sinusoid, by depth.
+"""Chapter 1's experiments: per-layer position tables against a sinusoid, by depth; and the
+trainer (Chapter 1's loop, with what a long run needs) against nanoGPT's on its CPU recipe.
 
 Hand-written (not generated): entries of the registry of runs (`minixl.experiments`); the
 chapter plots the stored CSV and names the command that made it. Chapter modules are
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from . import int_list, keep_row
 
-__all__ = ["positions"]
+__all__ = ["positions", "nanogpt_race", "race_ratio"]
 
 
 def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200,
@@ -47,3 +48,89 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200,
                                  valid_bpc=round(evaluate_bpc(model, data.valid, seq_len=128), 4),
                                  seconds=round(time.perf_counter() - start, 1)))
     return rows
+
+
+def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) -> list[dict]:
+    """Chapter 1's loop at a known recipe: `minixl train` against nanoGPT's train.py (a
+    checkout of github.com/karpathy/nanoGPT at `nanogpt`), both on nanoGPT's CPU recipe for
+    Tiny Shakespeare (`text`, its input.txt): 4 layers of width 128, 4 heads, windows of 64,
+    batches of 12, lr 1e-3 after 100 warm-up steps, no dropout, `steps` steps, each with its
+    own evaluation, checkpoints and (minixl) final sample. The two whole commands run in
+    turn, `rounds` times each, on the CPU; one row per run: its seconds and its held-out bits
+    per character (nanoGPT's on the last 10% of the text, minixl's on the 5% before the
+    last 5%)."""
+    import math
+    import pickle
+    import re
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    root, source = Path(nanogpt), Path(text)
+    if not (root / "train.py").is_file() or not (root / "config" /
+                                                  "train_shakespeare_char.py").is_file():
+        raise ValueError(f"--nanogpt {nanogpt}: expected a checkout of nanoGPT (train.py and "
+                         "config/train_shakespeare_char.py)")
+    if not source.is_file():
+        raise ValueError(f"--text {text}: no such file (Tiny Shakespeare's input.txt)")
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"need rounds >= 1 and steps >= 1, got {rounds} and {steps}")
+    # nanoGPT's data/shakespeare_char/prepare.py, without its download: characters as ids,
+    # the first 90% to train on
+    data = source.read_text()
+    chars = sorted(set(data))
+    ids = np.array([chars.index(c) for c in data], dtype=np.uint16)
+    prepared = root / "data" / "shakespeare_char"
+    prepared.mkdir(parents=True, exist_ok=True)
+    cut = int(0.9 * len(ids))
+    ids[:cut].tofile(prepared / "train.bin")
+    ids[cut:].tofile(prepared / "val.bin")
+    with open(prepared / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                     "stoi": {c: i for i, c in enumerate(chars)}}, f)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        commands = {
+            "nanoGPT": ([sys.executable, "train.py", "config/train_shakespeare_char.py",
+                         "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
+                         "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
+                         "--n_embd=128", f"--max_iters={steps}", f"--lr_decay_iters={steps}",
+                         "--dropout=0.0", f"--out_dir={tmp}/nanogpt"], root),
+            "minixl": ([sys.executable, "-m", "minixl", "train", "--model", "char", "--n-layer",
+                        "4", "--d-model", "128", "--n-head", "4", "--d-inner", "512",
+                        "--block-size", "64", "--batch-size", "12", "--steps", str(steps),
+                        "--lr", "1e-3", "--warmup", "100", "--dropout", "0", "--corpus",
+                        str(source.resolve()), "--eval-every", "250", "--out",
+                        f"{tmp}/minixl", "--overwrite", "--device", "cpu", "--no-progress"],
+                       None),
+        }
+        score = {"nanoGPT": lambda out: float(re.findall(r"val loss ([\d.]+)", out)[-1])
+                 / math.log(2),
+                 "minixl": lambda out: float(re.findall(r"held-out bpc \([^)]*\): ([\d.]+)",
+                                                        out)[-1])}
+        for i in range(rounds):
+            for program, (cmd, cwd) in commands.items():
+                t0 = time.perf_counter()
+                r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+                seconds = time.perf_counter() - t0
+                if r.returncode != 0:
+                    last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                    raise RuntimeError(f"{program} failed: {last}")
+                keep_row(rows, dict(program=program, round=i + 1, steps=steps,
+                                    seconds=round(seconds, 2),
+                                    held_out_bpc=round(score[program](r.stdout), 4)))
+    return rows
+
+
+def race_ratio(rows: list[dict]) -> str:
+    """minixl's time over nanoGPT's, run by run: the median and the range."""
+    pairs = {}
+    for r in rows:
+        pairs.setdefault(r["round"], {})[r["program"]] = float(r["seconds"])
+    ratios = sorted(p["minixl"] / p["nanoGPT"] for p in pairs.values())
+    return (f"minixl's time / nanoGPT's: median {ratios[len(ratios) // 2]:.3f} of "
+            f"{len(ratios)} pairs (min {ratios[0]:.3f}, max {ratios[-1]:.3f})")

@@ -59,10 +59,13 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 10
     eval_every: int = 100
-    eval_bytes: int | None = 65536  # held-out bytes scored during training (None = all)
+    eval_bytes: int | None = 32768  # held-out bytes scored every eval_every steps (None = all;
+    # after the last step, always all)
     ckpt_every: int = 200
     device: str = "auto"
     compile: bool = False
+    fused: bool = False  # AdamW's fused kernel on the CPU too (on CUDA always): faster, but it
+    # rounds otherwise than Chapter 1's loop, which False reproduces bit for bit
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every",
@@ -132,14 +135,24 @@ class Net(nn.Module):
         return self.objective(self.model, x, y, state, progress)
 
 
+def seed_rng(seed: int, device: torch.device) -> None:
+    """Seed the generator that draws dropout masks (and XLNet's orders) on `device`: the CPU's
+    alone on the CPU (torch.manual_seed would also seed every other backend, 100 times
+    slower), with CUDA's on CUDA."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+
+
 def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                state=None, *, micro: int | None = None, seeds: list[int] | None = None,
                progress: float = 0.0, grad_clip: float = 0.0,
-               device: torch.device = torch.device("cpu")):
+               device: torch.device = torch.device("cpu"), params: list | None = None):
     """One optimiser step on this process's rows x, y [b, T], in micro-batches of `micro`
     rows (default: all; seeds[i] seeds micro-batch i's dropout). Each micro-batch's loss is
     scaled by 1/n so that the gradients add up to those of the mean loss over the b rows; a
-    state is split into its rows and put back together. Returns (mean losses, new state,
+    state is split into its rows and put back together. The gradient norm is clipped over
+    `params` (default: net's trainable parameters). Returns (mean losses, new state,
     gradient norm), all on the device: nothing here waits for it."""
     micro = x.size(0) if micro is None else micro
     n = x.size(0) // micro
@@ -148,7 +161,7 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
     for i in range(n):
         rows = slice(i * micro, (i + 1) * micro)
         if seeds is not None:
-            torch.manual_seed(seeds[i])
+            seed_rng(seeds[i], device)
         last = i == n - 1  # DDP all-reduces in the last micro-batch's backward only
         with net.no_sync() if hasattr(net, "no_sync") and not last else contextlib.nullcontext():
             with autocast(device):
@@ -158,7 +171,7 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
         for k, v in parts.items():
             totals[k] = totals.get(k, 0.0) + v.detach() / n
         new_states.append(new)
-    params = [p for p in net.parameters() if p.requires_grad]
+    params = [p for p in net.parameters() if p.requires_grad] if params is None else params
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
     opt.step()
     return totals, states.cat_rows(new_states), norm
@@ -173,7 +186,8 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
 
     objective(model, x, y, state, progress) -> (losses dict with "loss", new state); an
     nn.Module objective trains (and checkpoints) its own weights too. held_out(model, n_bytes)
-    -> bpc is run every cfg.eval_every steps and at the end (n_bytes None: all of it); in a
+    -> bpc is run every cfg.eval_every steps on cfg.eval_bytes bytes and after the last step
+    on all of them (n_bytes None), logged with that step and returned as valid_bpc; in a
     distributed run every process runs it (on the same weights) and rank 0 reports it.
     no_decay: parameter names that weight_decay_on="matrices" leaves alone (a model kind's).
     """
@@ -229,6 +243,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
         net = wrap_ddp(net, x[mine][:micro].to(device), y[mine][:micro].to(device),
                        None if fresh or state is None else states.rows(state, slice(0, micro)),
                        device)
+    params = [p for p in net.parameters() if p.requires_grad]
     log, history, t0 = Window(cfg.lr, ranks), [], time.perf_counter()
     bar = _progress_bar(progress and lead, start, cfg.steps, run)
 
@@ -264,14 +279,14 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                 parts, state, norm = train_step(
                     net, opt, x[mine].to(device), y[mine].to(device), None if fresh else state,
                     micro=micro, seeds=seeds, progress=step / cfg.steps,
-                    grad_clip=cfg.grad_clip, device=device)
+                    grad_clip=cfg.grad_clip, device=device, params=params)
                 done = step + 1
                 stopper.settle(ranks)  # distributed: every process stops after the same step
                 log.add(step, parts, norm, x.numel())
-                valid = None
-                if done % cfg.eval_every == 0 and held_out is not None:
-                    with stopper.interruptible():
-                        valid = held_out(model, cfg.eval_bytes)
+                valid, last = None, done == cfg.steps
+                if held_out is not None and (done % cfg.eval_every == 0 or last):
+                    with stopper.interruptible():  # after the last step: the whole split
+                        valid = held_out(model, None if last else cfg.eval_bytes)
                 if (done % cfg.log_every == 0 or valid is not None or done == cfg.steps
                         or stopper.stop):  # a stopped run logs its last, shorter window
                     log_row(done, valid, cfg.lr_at(step))
@@ -282,9 +297,6 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                     stopper.saved = True
                     ranks.barrier()  # no process ends before rank 0 has saved
                     raise TrainingInterrupted(stopper.stop, done, Path(out) / CHECKPOINT)
-            log.check_finite(run)
-            with stopper.interruptible():
-                valid = held_out(model, None) if held_out is not None else None
         except StopNow:  # a signal during held-out evaluation (one process only): the saved
             if log.n:  # step is consistent; the step's metrics row, without the evaluation
                 log_row(done, None, cfg.lr_at(done - 1))

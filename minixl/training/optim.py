@@ -56,12 +56,14 @@ def _group_decays(weight_decay: float, on: str) -> list[float]:
 
 def make_optimizer(modules: list[nn.Module], cfg, device: torch.device, *,
                    no_decay: Collection[str] = (), on: str | None = None) -> torch.optim.AdamW:
-    """AdamW over decay_groups (cfg: a TrainConfig): the fused kernel on CUDA, PyTorch's
-    default on the CPU (whose updates Chapter 1's loop reproduces bit for bit)."""
+    """AdamW over decay_groups (cfg: a TrainConfig): the fused kernel on CUDA, and on the CPU
+    when cfg.fused (`minixl train` asks for it); else on the CPU the foreach kernels, which
+    update all tensors in a few calls and give PyTorch's default updates bit for bit (those
+    of Chapter 1's loop; the fused kernel rounds otherwise)."""
     groups = decay_groups(modules, cfg.weight_decay, on or cfg.weight_decay_on,
                           no_decay=no_decay)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
+    kernel = {"fused": True} if device.type == "cuda" or cfg.fused else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, **kernel)
 
 
 def load_optimizer_state(opt: torch.optim.AdamW, saved: dict, saved_on: str,

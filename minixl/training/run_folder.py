@@ -31,12 +31,14 @@ __all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "Wind
 
 CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # Settings a resumed run may change freely: they do not change what is learned (grad_accum
-# splits the same batch into micro-batches; like the number of processes, it changes only
-# the order of float additions and which dropout mask falls on which row).
-FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "grad_accum")
+# splits the same batch into micro-batches; like the number of processes and the optimiser's
+# kernel, it changes only the order of float additions and which dropout mask falls on
+# which row).
+FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "grad_accum",
+        "fused")
 # Settings added after checkpoints of this format were first written: a checkpoint without
 # one was trained with the value here.
-BEFORE = {"weight_decay_on": "all", "grad_accum": 1}
+BEFORE = {"weight_decay_on": "all", "grad_accum": 1, "fused": False}
 # Before model kinds declared their objectives, every checkpoint recorded Chapter 2's
 # default as its objective; a kind without objective options now records none.
 LEGACY_OBJECTIVE = "positions targets=1"
@@ -206,15 +208,14 @@ class RunFolder:
         os.replace(tmp, path)
 
     def plot(self) -> None:
-        """loss.png: training and held-out bits per byte against the step."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        """loss.png: training and held-out bits per byte against the step (drawn on a figure
+        of its own, so that a notebook's plotting is left as it was)."""
+        from matplotlib.figure import Figure
 
         with open(self.out / METRICS) as f:
             rows = list(csv.DictReader(f))
-        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        fig = Figure(figsize=(6, 3.5), dpi=100)
+        ax = fig.subplots()
         ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows],
                 label="train")
         held = [r for r in rows if r["valid_bpc"]]
@@ -224,7 +225,6 @@ class RunFolder:
         ax.legend()
         fig.tight_layout()
         fig.savefig(self.out / PLOT)
-        plt.close(fig)
 
 
 def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, say: bool,

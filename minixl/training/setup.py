@@ -23,13 +23,13 @@ import torch.nn as nn
 
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..data import Corpus, load_corpus
-from ..kinds import ModelKind, model_fields, resolve_preset, with_overrides
+from ..kinds import ModelKind, model_fields, not_for, resolve_preset, with_overrides
 from ..options import flag
 from .loop import TrainConfig, TrainResult, train
-from .run_folder import CHECKPOINT
+from .run_folder import BEFORE, CHECKPOINT
 
 __all__ = ["Settings", "run_settings", "Built", "build_model", "RunSetup", "setup_run",
-           "default_weight_decay_on"]
+           "kept_on_resume"]
 
 
 @dataclass
@@ -68,7 +68,8 @@ def run_settings(model: str | ModelKind | None = None, preset: str | None = None
     """The settings of `model` (a kind or its name; None: the default) at `preset` (None:
     tiny, or the one a paper-scale preset names), with config fields and TrainConfig fields
     overridden where given (None values are ignored). A run set up here decays only weight
-    matrices (weight_decay_on="matrices") unless told otherwise."""
+    matrices (weight_decay_on="matrices") and uses AdamW's fused kernel (fused=True) unless
+    told otherwise."""
     kind, preset = resolve_preset(getattr(model, "name", model), preset)
     model_cfg, train_kw = kind.preset(preset)
     given = {k: v for k, v in (model_settings or {}).items() if v is not None}
@@ -76,15 +77,14 @@ def run_settings(model: str | ModelKind | None = None, preset: str | None = None
     foreign = [n for n in given if n not in own]
     if foreign:
         known = model_fields()
-        others = sorted({k for n in foreign for k in known.get(n, (None, []))[1]})
-        raise ValueError(f"{', '.join(map(flag, foreign))} appl{'ies' if len(foreign) == 1 else 'y'}"
-                         f" to --model {' or '.join(others) or '(none)'}, not --model {kind.name}")
+        raise ValueError(not_for(foreign, [k for n in foreign for k in known.get(n, (0, []))[1]],
+                                 kind.name))
     unknown = sorted(set(train_settings or {}) - {f.name for f in fields(TrainConfig)})
     if unknown:
         raise ValueError(f"unknown training settings {', '.join(unknown)}: TrainConfig has "
                          f"{', '.join(f.name for f in fields(TrainConfig))}")
-    cfg = with_overrides(TrainConfig(**{"weight_decay_on": "matrices", **train_kw}),
-                         **(train_settings or {}))
+    cfg = with_overrides(TrainConfig(**{"weight_decay_on": "matrices", "fused": True,
+                                        **train_kw}), **(train_settings or {}))
     return Settings(kind, preset, with_overrides(model_cfg, **given), cfg,
                     kind.objective_options(preset, objective_options))
 
@@ -102,16 +102,18 @@ def build_model(model: str | ModelKind | None = None, preset: str | None = None,
                  s.objective_options, s.config)
 
 
-def default_weight_decay_on(out: str | Path | None, resume: bool) -> str | None:
-    """A resumed run keeps its checkpoint's grouping (one written before the setting existed
-    decayed everything); None when there is nothing to read (the caller's default holds)."""
+def kept_on_resume(out: str | Path | None, resume: bool) -> dict:
+    """The settings a resumed run keeps from its checkpoint unless told otherwise: the
+    grouping of weight decay and the optimiser's kernel (a checkpoint written before a
+    setting existed was trained with run_folder.BEFORE's value: decay on everything, the
+    unfused kernel). Empty when there is nothing to read (the caller's defaults hold)."""
     if not resume or out is None:
-        return None
+        return {}
     try:
         saved = load_checkpoint(Path(out) / CHECKPOINT, for_resume=True)["train_config"]
     except CheckpointError:
-        return None  # the trainer says what is wrong with it
-    return saved.get("weight_decay_on", "all")
+        return {}  # the trainer says what is wrong with it
+    return {k: {**BEFORE, **saved}[k] for k in ("weight_decay_on", "fused")}
 
 
 @dataclass
@@ -152,8 +154,9 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     from ..evaluation import check_protocol, evaluate
 
     train_settings = dict(train_settings or {}, device=device)
-    if train_settings.get("weight_decay_on") is None:
-        train_settings["weight_decay_on"] = default_weight_decay_on(out, resume)
+    for k, v in kept_on_resume(out, resume).items():
+        if train_settings.get(k) is None:
+            train_settings[k] = v
     built = build_model(model, preset, model_settings=model_settings,
                         train_settings=train_settings, objective_options=objective_options)
     kind, cfg, length = built.kind, built.config, built.length
@@ -169,9 +172,15 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     batches = kind.batches(data.train.to(where), cfg.batch_size, built.model.config,
                            seed=cfg.seed)
 
+    # Windows per forward pass: the training batch, or more, up to about 4,096 bytes, which
+    # a CPU reads faster in a few large passes than in many small ones (the score is the
+    # same, up to float rounding). With memory the batch is the number of streams, which
+    # the score depends on.
+    batch = cfg.batch_size if protocol == "memory" else max(cfg.batch_size, 4096 // length)
+
     def held_out(net: nn.Module, n_bytes: int | None) -> float:
         text = data.valid if n_bytes is None else data.valid[:n_bytes]
-        return evaluate(net, text, protocol, seq_len=length, batch_size=cfg.batch_size).bpc
+        return evaluate(net, text, protocol, seq_len=length, batch_size=batch).bpc
 
     meta = {"kind": kind.name}
     if kind.source:
