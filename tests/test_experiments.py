@@ -242,3 +242,12 @@ def test_eval_flops_count_what_each_protocol_redoes():
     for bad, message in [(("window", 64), "protocol"), (("kv", 16), "tgt_len")]:
         with pytest.raises(ValueError, match=message):
             eval_flops_per_byte(*bad, **sizes)
+
+
+def test_the_readme_lists_every_entry_with_its_csv():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme[readme.index("default is small enough for a laptop CPU"):]
+    block = block[block.index("```\n") + 4:]
+    listed = [(line.split()[0], line.split()[-1]) for line in block[:block.index("```")]
+              .splitlines()]
+    assert listed == [(e.name, e.csv) for e in EXPERIMENTS.values()]
