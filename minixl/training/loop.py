@@ -136,9 +136,9 @@ class Net(nn.Module):
 
 
 def seed_rng(seed: int, device: torch.device) -> None:
-    """Seed the generator that draws dropout masks (and XLNet's orders) on `device`: the CPU's
-    alone on the CPU (torch.manual_seed would also seed every other backend, 100 times
-    slower), with CUDA's on CUDA."""
+    """Seed the generator that draws dropout masks (and an objective's random choices) on
+    `device`: the CPU's alone on the CPU (torch.manual_seed would also seed every other
+    backend, 100 times slower), with CUDA's on CUDA."""
     torch.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
