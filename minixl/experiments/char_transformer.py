@@ -131,6 +131,8 @@ def race_ratio(rows: list[dict]) -> str:
     pairs = {}
     for r in rows:
         pairs.setdefault(r["round"], {})[r["program"]] = float(r["seconds"])
+    import statistics
+
     ratios = sorted(p["minixl"] / p["nanoGPT"] for p in pairs.values())
-    return (f"minixl's time / nanoGPT's: median {ratios[len(ratios) // 2]:.3f} of "
+    return (f"minixl's time / nanoGPT's: median {statistics.median(ratios):.3f} of "
             f"{len(ratios)} pairs (min {ratios[0]:.3f}, max {ratios[-1]:.3f})")
