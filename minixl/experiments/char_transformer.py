@@ -83,7 +83,8 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
     # the first 90% to train on
     data = source.read_text()
     chars = sorted(set(data))
-    ids = np.array([chars.index(c) for c in data], dtype=np.uint16)
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in data], dtype=np.uint16)
     prepared = root / "data" / "shakespeare_char"
     prepared.mkdir(parents=True, exist_ok=True)
     cut = int(0.9 * len(ids))
@@ -91,7 +92,7 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
     ids[cut:].tofile(prepared / "val.bin")
     with open(prepared / "meta.pkl", "wb") as f:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
-                     "stoi": {c: i for i, c in enumerate(chars)}}, f)
+                     "stoi": stoi}, f)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         commands = {
@@ -128,11 +129,11 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
 
 def race_ratio(rows: list[dict]) -> str:
     """minixl's time over nanoGPT's, run by run: the median and the range."""
+    import statistics
+
     pairs = {}
     for r in rows:
         pairs.setdefault(r["round"], {})[r["program"]] = float(r["seconds"])
-    import statistics
-
     ratios = sorted(p["minixl"] / p["nanoGPT"] for p in pairs.values())
     return (f"minixl's time / nanoGPT's: median {statistics.median(ratios):.3f} of "
             f"{len(ratios)} pairs (min {ratios[0]:.3f}, max {ratios[-1]:.3f})")
