@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from .device import resolve_device
+from .device import peak_rss_mb, resolve_device
 from .models import KINDS, paper_presets, resolve_preset
 
 __all__ = ["PEAKS", "peak_tflops", "bench", "model_point", "models_suite"]
@@ -91,18 +91,6 @@ def bench(model: str | None = None, preset: str | None = None, *,
             "dtype": "bf16 autocast" if dev.type == "cuda" else "fp32"}
 
 
-def _peak_rss_mb() -> float | None:
-    """This process's peak resident memory (VmHWM, Linux) in MB, or None elsewhere."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def model_point(model: str, preset: str, *, batch_size: int | None = None, steps: int = 10,
                 warmup: int = 3, device: str = "auto", compile: bool = False,
                 peak: float | None = None) -> dict:
@@ -117,7 +105,7 @@ def model_point(model: str, preset: str, *, batch_size: int | None = None, steps
     if dev.type == "cuda":
         memory, how = torch.cuda.max_memory_allocated(dev) / 2**20, "max_memory_allocated"
     else:
-        memory, how = _peak_rss_mb(), "peak RSS of the process"
+        memory, how = peak_rss_mb(), "peak RSS of the process"
     return {"model": r["model"], "preset": r["preset"], "device": r["device"],
             "torch": torch.__version__, "dtype": r["dtype"], "compile": compile,
             "params": r["params"], "batch_size": r["batch_size"], "seq_len": r["seq_len"],

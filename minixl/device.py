@@ -1,7 +1,7 @@
 """Where models run: the device a run asks for, and mixed precision on it.
 
 Hand-written shared machinery (not generated): the trainer, evaluation, sampling and the
-benchmark all choose their device here. A run launched by torchrun (one process per GPU)
+benchmarks all choose their device here, and read a process's peak memory on the CPU. A run launched by torchrun (one process per GPU)
 reads its place from the environment torchrun sets: RANK, LOCAL_RANK and WORLD_SIZE.
 """
 
@@ -12,7 +12,7 @@ import os
 
 import torch
 
-__all__ = ["resolve_device", "autocast", "distributed_env", "training_device"]
+__all__ = ["resolve_device", "autocast", "distributed_env", "training_device", "peak_rss_mb"]
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -66,3 +66,27 @@ def training_device(name: str = "auto") -> torch.device:
                              "per node (torchrun --nproc-per-node)")
         device = torch.device("cuda", local)
     return device
+
+
+def peak_rss_mb(reset: bool = False) -> float | None:
+    """This process's peak resident memory in MB (VmHWM, Linux), or None where /proc is
+    missing. With reset=True the peak is first set back to the current size, so that a
+    later reading minus this one is the growth of what ran in between.
+
+    Not `resource.getrusage().ru_maxrss`: Linux carries that across fork and exec, so a fresh
+    process started by one that had grown large starts at its parent's peak (and a
+    measurement by difference in the child reads 0)."""
+    if reset:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:  # an old kernel or a locked-down /proc: the peak since the start
+            pass
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

@@ -306,7 +306,7 @@ def _segtree_flops(model: nn.Module) -> float:
     about 2 per byte) plus, per layer, the scores and weighted sums over the graph's edges,
     12 C x edges per byte, counted in full."""
     c = model.config
-    graph = segtree_graph(c.block_size, c.k, c.causal)
+    graph = segtree_graph(c.block_size, rule=c.rule, k=c.k, causal=c.causal)
     edges = sum(int(g.valid.sum()) for g in graph.groups)
     node_params = _count_weights(model) - model.tok.weight.numel() - model.head.weight.numel()
     per_byte = graph.n_nodes / c.block_size
@@ -322,32 +322,37 @@ def _segtree_lm(config: SegTreeConfig) -> nn.Module:
     return SegTreeTransformer(config)
 
 
-# k neighbours per side and level. base: BP-Transformer's enwik8 shape (Ye et al. 2019:
-# 12 layers, context 8,192, k = 64); the optimiser settings are ours.
+# The SegTree rule (the minimal cover) unless a preset says otherwise. base: BP-Transformer's
+# enwik8 shape (Ye et al. 2019: 12 layers, context 8,192) with the SegTree rule;
+# segtree-base: the same with BPT's own rule, k = 64. The optimiser settings are ours.
 _SEGTREE_BASE = Preset(
-    dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192, k=64, dropout=0.1),
+    dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192, dropout=0.1),
     dict(steps=20000, batch_size=4, lr=4e-4, warmup=1000, eval_every=1000, ckpt_every=1000,
          eval_bytes=1 << 20))
 _SEGTREE_PRESETS = {
-    "tiny": Preset(dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128, k=2),
-                   _TINY),
-    "small": Preset(dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=512, k=4),
+    "tiny": Preset(dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128), _TINY),
+    "small": Preset(dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=512),
                     dict(_SMALL, batch_size=16)),
     "base": _SEGTREE_BASE,
     # segtree-base: the enwik8 model of "BP-Transformer: Modelling Long-Range Context via
     # Binary Partitioning" (Ye et al., 2019): 12 layers, d 512, 8 heads, d_inner 2048, context
-    # 8,192, k 64. Ours: 20k steps of 4 windows and our optimiser settings; relative
-    # positions on the tree as Chapter 6 builds them.
-    "segtree-base": replace(_SEGTREE_BASE, paper=True, help="Ye et al. (2019), BP-Transformer: "
-                            "12 layers, d 512, context 8192, k 64"),
+    # 8,192, BPT's rule with k 64. Ours: 20k steps of 4 windows and our optimiser settings;
+    # relative positions on the tree as Chapter 6 builds them.
+    "segtree-base": replace(_SEGTREE_BASE, model=dict(_SEGTREE_BASE.model, rule="bpt", k=64),
+                            paper=True, help="Ye et al. (2019), BP-Transformer: 12 layers, "
+                            "d 512, context 8192, BPT's rule with k 64"),
 }
 
 register(ModelKind(
-    "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --k)",
+    "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --rule, --k)",
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
     flops=_segtree_flops,
-    field_help={"block_size": "the window length", "k": "tree neighbours per side and level",
+    field_help={"block_size": "the window length",
+                "rule": "which nodes a leaf reads: segtree (the SegTree paper's minimal cover) "
+                        "or bpt (BP-Transformer's k nodes per side and level)",
+                "k": "nodes per side and level (--rule bpt only)",
+                "norm": "layer norm before (pre) or after (post) each sublayer",
                 "causal": "no right context (a language model must be causal)",
                 "n_classes": "classes read from the root (0 = none; a language model has "
                              "none)"}))

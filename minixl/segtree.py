@@ -9,28 +9,32 @@ Generated from book/06_segtree.md (paired with nbs/06_segtree.ipynb).
 from __future__ import annotations
 
 __all__ = [
-    'tree_sizes', 'node_id', 'node_span', 'EDGE_KINDS', 'edge_type',
-    'leaf_context_loop', 'NodeGroup', 'SegTreeGraph', 'segtree_graph', 'graph_mask',
-    'SegTreeAttention', 'segtree_attention_dense', 'SegTreeConfig', 'SegTreeBlock',
-    'max_levels', 'GRAPH_CACHE', 'SegTreeTransformer', 'LAYER_METHODS',
-    'attention_layer_cost', 'loglog_slope',
+    'tree_sizes', 'node_id', 'node_span', 'RULES', 'EDGE_KINDS', 'ContextNode',
+    'check_rule', 'leaf_context_loop', 'NodeGroup', 'SegTreeGraph', 'edge_type',
+    'segtree_graph', 'graph_mask', 'gathered_attention', 'tree_attention_dense',
+    'tree_attention', 'SegTreeAttention', 'segtree_attention_dense', 'NORMS',
+    'SegTreeConfig', 'SegTreeBlock', 'max_levels', 'GRAPH_CACHE', 'SegTreeTransformer',
+    'LAYER_METHODS', 'layer_step', 'interleaved_times', 'attention_layer_cost',
+    'loglog_slope',
 ]
 
 # %% book/06_segtree.md, section 6. The SegTree Transformer: attention over a tree of spans
 
+import functools
 import math
-import resource
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .char_transformer import CharTransformer, causal_mask
+from .device import peak_rss_mb
 
 
-# %% book/06_segtree.md, section 6.2 The segment tree
+# %% book/06_segtree.md, section 6.2 The segment tree and the SegTree rule
 def tree_sizes(n: int) -> list[int]:
     """Nodes per level of the segment tree over n leaves: n, ceil(n/2), ..., 1."""
     if n < 1:
@@ -51,44 +55,79 @@ def node_span(n: int, level: int, p: int) -> tuple[int, int]:
     return p << level, min((p + 1) << level, n) - 1
 
 
-# %% book/06_segtree.md, section 6.2 The segment tree
+# %% book/06_segtree.md, section 6.2 The segment tree and the SegTree rule
+RULES = ("segtree", "bpt")
 EDGE_KINDS = ("left", "right", "anc")
 
 
-def edge_type(kind: str, level: int = 0) -> int:
-    """The index of an edge type: 0 for 'self'; 1 + 3 level + (0, 1, 2) for a node at `level`
-    on the 'left' or 'right' of a leaf, or for an internal node at `level` reading a leaf
-    below it ('anc'). The same index means the same relation for every length n."""
-    if kind == "self":
-        return 0
-    if kind not in EDGE_KINDS or level < 0:
-        raise ValueError(f"unknown edge type {kind!r} at level {level}: expected 'self' or one "
-                         f"of {EDGE_KINDS} at a level >= 0")
-    return 1 + 3 * level + EDGE_KINDS.index(kind)
+class ContextNode(NamedTuple):
+    """A node that a leaf reads: node p of `level`, on the leaf's `side` ('self', 'left' or
+    'right'), joined at `step` of the walk that finds it."""
+
+    level: int
+    p: int
+    side: str
+    step: int
 
 
-def leaf_context_loop(n: int, i: int, *, k: int = 1, causal: bool = False) -> list[tuple]:
-    """The nodes leaf i attends to, walking up the tree: [(level, p, kind)], kind in
-    'self' / 'left' / 'right'. Their spans are disjoint and cover 0..n-1 (0..i if causal)."""
-    ctx = [(0, i, "self")]
+def check_rule(rule: str, k: int) -> None:
+    """A clear error for an unknown rule, or a k the rule does not take."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}: expected 'segtree' (the SegTree paper's "
+                         "minimal cover) or 'bpt' (BP-Transformer's k nodes per side and level)")
+    if k < 1:
+        raise ValueError(f"k (nodes per side and level) must be >= 1, got {k}")
+    if rule == "segtree" and k != 1:
+        raise ValueError(f"k={k} applies to rule 'bpt' only: the SegTree rule takes the fewest "
+                         "nodes (use rule='bpt' for k nodes per side and level)")
+
+
+def leaf_context_loop(n: int, i: int, *, rule: str = "segtree", k: int = 1,
+                      causal: bool = False) -> list[ContextNode]:
+    """The nodes leaf i reads, walking up the tree. 'segtree' (Ye et al. 2019, the workshop
+    paper): the leaf, its two neighbouring leaves and the fewest nodes that cover the rest.
+    'bpt' (BP-Transformer): k nodes per side and level, with alignment nodes. The spans are
+    disjoint and cover 0..n-1 (0..i when causal: no right side)."""
+    check_rule(rule, k)
+    if not 0 <= i < n:
+        raise ValueError(f"leaf {i} is not in 0..{n - 1}")
+    ctx = [ContextNode(0, i, "self", 0)]
     lo, hi = i, i + 1  # the leaves covered so far: [lo, hi)
+    right = not causal
+    if rule == "segtree":
+        if lo > 0:  # step 0: the neighbouring leaves
+            ctx.append(ContextNode(0, lo - 1, "left", 0))
+            lo -= 1
+        if right and hi < n:
+            ctx.append(ContextNode(0, hi, "right", 0))
+            hi += 1
+        level = 0
+        while lo > 0 or (right and hi < n):  # step level + 1: at most one node per side
+            if (lo >> level) & 1:  # [lo, ...) starts with a right child: its left sibling
+                ctx.append(ContextNode(level, (lo >> level) - 1, "left", level + 1))
+                lo -= 1 << level
+            if right and hi < n and (hi >> level) & 1:  # [..., hi) ends before a right child
+                ctx.append(ContextNode(level, hi >> level, "right", level + 1))
+                hi = min(hi + (1 << level), n)
+            level += 1
+        return ctx
     level = 0
-    while lo > 0 or (not causal and hi < n):
-        if level > 0:  # first align the edges to this level with one node of the level below
+    while lo > 0 or (right and hi < n):  # BPT, step `level`
+        if level > 0:  # align the edges to this level with one node of the level below
             half = 1 << (level - 1)
             if lo % (2 * half):
-                ctx.append((level - 1, lo // half - 1, "left"))
+                ctx.append(ContextNode(level - 1, lo // half - 1, "left", level))
                 lo -= half
-            if not causal and hi < n and hi % (2 * half):
-                ctx.append((level - 1, hi // half, "right"))
+            if right and hi < n and hi % (2 * half):
+                ctx.append(ContextNode(level - 1, hi // half, "right", level))
                 hi = min(hi + half, n)
         size = 1 << level
         for _ in range(k):  # k nodes of this level on each side
             if lo > 0:
-                ctx.append((level, lo // size - 1, "left"))
+                ctx.append(ContextNode(level, lo // size - 1, "left", level))
                 lo -= size
-            if not causal and hi < n:
-                ctx.append((level, hi // size, "right"))
+            if right and hi < n:
+                ctx.append(ContextNode(level, hi // size, "right", level))
                 hi = min(hi + size, n)
         level += 1
     return ctx
@@ -110,11 +149,12 @@ class NodeGroup:
 class SegTreeGraph:
     """The attention graph of a segment tree over n leaves: which node reads which.
 
-    Leaves (nodes 0..n-1) read their context nodes (top-down edges); each internal node reads
-    itself and the leaves below it (bottom-up edges). groups[0] holds the leaves, groups[j]
+    Leaves (nodes 0..n-1) read their context nodes (top-down edges, by `rule`); each internal
+    node reads the leaves below it (bottom-up edges). groups[0] holds the leaves, groups[j]
     the internal nodes of level j, so no padding is wider than its own level needs."""
 
     n: int
+    rule: str
     k: int
     causal: bool
     sizes: list[int]
@@ -129,64 +169,88 @@ class SegTreeGraph:
         return 1 + 3 * len(self.sizes)
 
 
-def segtree_graph(n: int, k: int = 1, causal: bool = False, *, device=None) -> SegTreeGraph:
+def edge_type(kind: str, j: int = 0) -> int:
+    """The index of an edge type (SegTree paper, appendix A.2): 0 for 'self'; 1 + 3 j +
+    (0, 1, 2) for a node that joined a leaf's context at step j on its 'left' or 'right',
+    or for an internal node at level j reading a leaf below it ('anc'). The same index means
+    the same relation at every length n."""
+    if kind == "self":
+        return 0
+    if kind not in EDGE_KINDS or j < 0:
+        raise ValueError(f"unknown edge type {kind!r} at step or level {j}: expected 'self' "
+                         f"or one of {EDGE_KINDS} at a step or level >= 0")
+    return 1 + 3 * j + EDGE_KINDS.index(kind)
+
+
+def segtree_graph(n: int, *, rule: str = "segtree", k: int = 1, causal: bool = False,
+                  device=None) -> SegTreeGraph:
     """The graph of `leaf_context_loop` for every leaf at once (one pass per level, all
     leaves together), plus the bottom-up edges of the internal nodes."""
-    if k < 1:
-        raise ValueError(f"k (neighbours per side and level) must be >= 1, got {k}")
+    check_rule(rule, k)
     sizes = tree_sizes(n)
     L = len(sizes)
-    offsets = [0]
-    for s in sizes[:-1]:
-        offsets.append(offsets[-1] + s)
+    offsets = [sum(sizes[:j]) for j in range(L)]
     i = torch.arange(n, device=device)
     lo, hi = i.clone(), i + 1
     cols, valids, types = [i], [torch.ones(n, dtype=torch.bool, device=device)], [torch.zeros_like(i)]
 
-    def take(level, p, ok, kind):
+    def take(level, p, ok, side, step):
         cols.append(torch.where(ok, offsets[level] + p, 0))
         valids.append(ok)
-        types.append(torch.full_like(i, edge_type(kind, level)))
+        types.append(torch.full_like(i, edge_type(side, step)))
 
-    for level in range(L):
-        if level > 0:
-            half = 1 << (level - 1)
-            ok = (lo > 0) & (lo % (2 * half) != 0)
-            take(level - 1, lo // half - 1, ok, "left")
-            lo = torch.where(ok, lo - half, lo)
+    if rule == "segtree":
+        ok = lo > 0
+        take(0, lo - 1, ok, "left", 0)
+        lo = torch.where(ok, lo - 1, lo)
+        if not causal:
+            ok = hi < n
+            take(0, hi, ok, "right", 0)
+            hi = torch.where(ok, hi + 1, hi)
+        for level in range(L - 1):
+            ok = ((lo >> level) & 1).bool()
+            take(level, (lo >> level) - 1, ok, "left", level + 1)
+            lo = torch.where(ok, lo - (1 << level), lo)
             if not causal:
-                ok = (hi < n) & (hi % (2 * half) != 0)
-                take(level - 1, hi // half, ok, "right")
-                hi = torch.where(ok, (hi + half).clamp(max=n), hi)
-        size = 1 << level
-        for _ in range(k):
-            ok = lo > 0
-            take(level, lo // size - 1, ok, "left")
-            lo = torch.where(ok, lo - size, lo)
-            if not causal:
-                ok = hi < n
-                take(level, hi // size, ok, "right")
-                hi = torch.where(ok, (hi + size).clamp(max=n), hi)
+                ok = (hi < n) & ((hi >> level) & 1).bool()
+                take(level, hi >> level, ok, "right", level + 1)
+                hi = torch.where(ok, (hi + (1 << level)).clamp(max=n), hi)
+    else:
+        for level in range(L):
+            if level > 0:
+                half = 1 << (level - 1)
+                ok = (lo > 0) & (lo % (2 * half) != 0)
+                take(level - 1, lo // half - 1, ok, "left", level)
+                lo = torch.where(ok, lo - half, lo)
+                if not causal:
+                    ok = (hi < n) & (hi % (2 * half) != 0)
+                    take(level - 1, hi // half, ok, "right", level)
+                    hi = torch.where(ok, (hi + half).clamp(max=n), hi)
+            size = 1 << level
+            for _ in range(k):
+                ok = lo > 0
+                take(level, lo // size - 1, ok, "left", level)
+                lo = torch.where(ok, lo - size, lo)
+                if not causal:
+                    ok = hi < n
+                    take(level, hi // size, ok, "right", level)
+                    hi = torch.where(ok, (hi + size).clamp(max=n), hi)
     valid = torch.stack(valids, 1)
     keep = valid.any(0)  # drop columns no leaf uses
     groups = [NodeGroup(i, torch.stack(cols, 1)[:, keep], valid[:, keep],
                         torch.stack(types, 1)[:, keep])]
-    for level in range(1, L):
+    for level in range(1, L):  # internal nodes read the leaves below them, nothing else
         p = torch.arange(sizes[level], device=device)
         leaves = (p[:, None] << level) + torch.arange(1 << level, device=device)
         ok = leaves < n
-        index = torch.cat([offsets[level] + p[:, None], torch.where(ok, leaves, 0)], 1)
-        valid = torch.cat([torch.ones_like(p[:, None], dtype=torch.bool), ok], 1)
-        etype = torch.cat([torch.zeros_like(p[:, None]),
-                           torch.full_like(leaves, edge_type("anc", level))], 1)
-        groups.append(NodeGroup(offsets[level] + p, index, valid, etype))
-    return SegTreeGraph(n, k, causal, sizes, groups)
+        groups.append(NodeGroup(offsets[level] + p, torch.where(ok, leaves, 0), ok,
+                                torch.full_like(leaves, edge_type("anc", level))))
+    return SegTreeGraph(n, rule, k, causal, sizes, groups)
 
 
-# %% book/06_segtree.md, section 6.4 Message passing on the tree
 def graph_mask(graph: SegTreeGraph) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same graph as dense [N, N] tables: may-attend mask and edge type (reference only:
-    O(N^2) memory)."""
+    """The same graph as dense [N, N] tables: may-attend mask and edge type (reference and
+    pictures only: O(N^2) memory)."""
     N = graph.n_nodes
     mask = torch.zeros(N, N, dtype=torch.bool)
     etype = torch.zeros(N, N, dtype=torch.long)
@@ -196,11 +260,260 @@ def graph_mask(graph: SegTreeGraph) -> tuple[torch.Tensor, torch.Tensor]:
         etype[rows[g.valid], g.index[g.valid]] = g.etype[g.valid]
     return mask, etype
 
+
+# %% book/06_segtree.md, section 6.4 Message passing on the tree
+def gathered_attention(qkv: torch.Tensor, rel: torch.Tensor, graph: SegTreeGraph, *,
+                       dropout: float = 0.0) -> torch.Tensor:
+    """Attention on any tree graph by gathering each group's neighbours: qkv [B, N, 3, H, D],
+    rel [T, D] the edge types' vectors added to the keys -> [B, H, N, D]."""
+    q, k, v = qkv.unbind(2)  # (B, N, H, D)
+    out = torch.zeros_like(q)
+    for g in graph.groups:
+        kg = k[:, g.index] + rel[g.etype][:, :, None]  # (B, G, Dn, H, D)
+        scores = torch.einsum("bghd,bgnhd->bghn", q[:, g.nodes], kg) / math.sqrt(q.size(-1))
+        weights = torch.softmax(scores.masked_fill(~g.valid[:, None, :], float("-inf")), -1)
+        weights = F.dropout(weights, dropout) if dropout else weights
+        out[:, g.nodes] = torch.einsum("bghn,bgnhd->bghd", weights, v[:, g.index])
+    return out.transpose(1, 2)
+
+
+def tree_attention_dense(qkv: torch.Tensor, rel: torch.Tensor,
+                         graph: SegTreeGraph) -> torch.Tensor:
+    """The reference: dense attention over all N nodes with the graph as a mask and the edge
+    types as an [N, N] table. qkv [B, N, 3, H, D] -> [B, H, N, D]; O(N^2) memory."""
+    mask, etype = graph_mask(graph)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, N, D)
+    scores = q @ k.transpose(-2, -1) + torch.einsum("bhid,ijd->bhij", q, rel[etype])
+    scores = (scores / math.sqrt(q.size(-1))).masked_fill(~mask.to(q.device), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+# %% book/06_segtree.md, section 6.5 Fast tree attention for the SegTree rule
+def _add_shifted(dest: torch.Tensor, src: torch.Tensor, by: int) -> torch.Tensor:
+    """dest[:, :, r] += src[:, :, r - by] wherever both rows exist (dim 2 indexes nodes)."""
+    first = max(by, 0)
+    rows = min(dest.size(2) - first, src.size(2) - max(-by, 0))
+    if rows > 0:
+        dest.narrow(2, first, rows).add_(src.narrow(2, max(-by, 0), rows))
+    return dest
+
+
+def _shift(t: torch.Tensor, by: int, size: int) -> torch.Tensor:
+    """out[:, :, r] = t[:, :, r - by] (zero where that row does not exist), `size` rows."""
+    return _add_shifted(t.new_zeros(*t.shape[:2], size, *t.shape[3:]), t, by)
+
+
+class _Plan:
+    """What the fast path needs to know about a tree of n leaves: level sizes and offsets,
+    the padded leaf count P, and for each side the neighbour offset `by` (the neighbour of
+    leaf i is j = i - by), the masks [P] of the slots (neighbour, then one node per level)
+    in the neighbour's index j, and their edge types."""
+
+    def __init__(self, n: int, causal: bool, device):
+        self.n, self.sizes = n, tree_sizes(n)
+        self.L = len(self.sizes)
+        self.offs = [sum(self.sizes[:l]) for l in range(self.L)]
+        self.P = P = 1 << (self.L - 1)
+        j = torch.arange(P, device=device)
+        self.pad = j >= n  # padded leaves
+        self.sides = []
+        for side, by in [("left", 1)] + ([] if causal else [("right", -1)]):
+            has = (j + by >= 0) & (j + by < n) & (j < n)  # leaf j + by exists and reads j
+            oks, types = [has], [edge_type(side, 0)]
+            for level in range(self.L - 1):
+                g = j >> level
+                if side == "left":  # the left sibling of j's ancestor, when that is a right child
+                    oks.append(has & (g % 2 == 1))
+                else:  # the right sibling, when j's ancestor is a left child and it exists
+                    oks.append(has & (g % 2 == 0) & ((g + 1) << level < n))
+                types.append(edge_type(side, level + 1))
+            self.sides.append((by, torch.stack(oks, -1), types))
+        # the leaf's slots, in its own index i: itself, then each side's
+        self.ok = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=device)] +
+                            [_shift(ok[None, None], by, n)[0, 0] for by, ok, _ in self.sides], -1)
+        self.types = [0] + [t for _, _, types in self.sides for t in types]
+
+    def padded(self, t: torch.Tensor) -> torch.Tensor:
+        """Leaves t [B, H, n, ...] padded with zeros to P rows (t itself when n == P)."""
+        return t if t.size(2) == self.P else _shift(t, 0, self.P)
+
+    def padding(self, level: int, G: int) -> torch.Tensor:
+        """[G, 2^level]: True for the padded leaves under the first G nodes of `level`."""
+        return self.pad.view(self.P >> level, 1 << level)[:G]
+
+    def level(self, t: torch.Tensor, level: int) -> torch.Tensor:
+        """The nodes of `level` in t [B, H, N, ...]."""
+        return t[:, :, self.offs[level]:self.offs[level] + self.sizes[level]]
+
+    def blocks(self, t: torch.Tensor, level: int) -> torch.Tensor:
+        """t [B, H, P, ...] as [B, H, P >> level, 2^level, ...]: the blocks of 2^level rows."""
+        return t.unflatten(2, (self.P >> level, 1 << level))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_plan(n: int, causal: bool, device: str) -> _Plan:
+    return _Plan(n, causal, torch.device(device))
+
+
+def _plan(n: int, causal: bool, device: str) -> _Plan:
+    """The plan of a tree, made once per (n, causal, device); torch.compile traces it."""
+    if torch.compiler.is_compiling():
+        return _Plan(n, causal, torch.device(device))
+    return _cached_plan(n, causal, device)
+
+
+def _dropout_mask(w: torch.Tensor, p: float) -> torch.Tensor | None:
+    return None if p == 0 else (torch.rand_like(w) >= p).to(w.dtype) / (1 - p)
+
+
+class _TreeAttention(torch.autograd.Function):
+    """Attention on the SegTree graph (the seed's rule) with a hand-written backward that
+    keeps only the inputs and the attention weights ([B, H, n, slots] for the leaves, one
+    weight per leaf and level for the internal nodes)."""
+
+    @staticmethod
+    def forward(ctx, qkv, rel, n, causal, dropout):
+        plan = _plan(n, causal, str(qkv.device))
+        q, k, v = (qkv[:, :, c].transpose(1, 2) for c in range(3))  # (B, H, N, D) views
+        B, H, N, D = q.shape
+        scale = 1 / math.sqrt(D)
+        ql, kl, vl = q[:, :, :n], k[:, :, :n], v[:, :, :n]
+        kp, vp = plan.padded(kl), plan.padded(vl)
+        cols = [(ql * kl).sum(-1, keepdim=True)]
+        for by, _, _ in plan.sides:
+            qj = _shift(ql, -by, plan.P)  # the query of the leaf j + by that reads j
+            side = [(qj * kp).sum(-1)]
+            for level in range(plan.L - 1):
+                kn = _shift(plan.level(k, level), by, plan.P >> level)  # the node for block g
+                side.append((plan.blocks(qj, level) * kn[..., None, :]).sum(-1).flatten(2))
+            cols.append(_shift(torch.stack(side, -1), by, n))
+        scores = (torch.cat(cols, -1) + ql @ rel[plan.types].to(q.dtype).T) * scale
+        w = torch.softmax(scores.masked_fill(~plan.ok, float("-inf")), -1)  # (B, H, n, S)
+        drop = _dropout_mask(w, dropout)
+        wd = w if drop is None else w * drop
+        out = q.new_empty(B, H, N, D)
+        leaf = wd[..., :1] * vl
+        col = 1
+        for by, _, _ in plan.sides:
+            wj = _shift(wd[..., col:col + plan.L], -by, plan.P)
+            acc = wj[..., :1] * vp
+            for level in range(plan.L - 1):
+                vn = _shift(plan.level(v, level), by, plan.P >> level)
+                acc += (plan.blocks(wj[..., level + 1:level + 2], level) *
+                        vn[..., None, :]).flatten(2, 3)
+            _add_shifted(leaf, acc, by)
+            col += plan.L
+        out[:, :, :n] = leaf
+        ws, drops = [], []
+        for level in range(1, plan.L):  # internal nodes read the leaves below them
+            G = plan.sizes[level]
+            qn = plan.level(q, level)[..., None, :]  # (B, H, G, 1, D)
+            kb, vb = (plan.blocks(t, level)[:, :, :G] for t in (kp, vp))
+            sc = (qn @ kb.transpose(-1, -2)).squeeze(-2) * scale  # (B, H, G, 2^level)
+            wl = torch.softmax(sc.masked_fill(plan.padding(level, G), float("-inf")), -1)
+            dl = _dropout_mask(wl, dropout)
+            plan.level(out, level)[:] = ((wl if dl is None else wl * dl)[..., None, :] @ vb
+                                         ).squeeze(-2)
+            ws.append(wl)
+            drops.append(dl)
+        ctx.save_for_backward(qkv, rel, w, *ws)
+        ctx.drops = (drop, drops)
+        ctx.n, ctx.causal = n, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        qkv, rel, w, *ws = ctx.saved_tensors
+        drop, drops = ctx.drops
+        n = ctx.n
+        plan = _plan(n, ctx.causal, str(qkv.device))
+        q, k, v = (qkv[:, :, c].transpose(1, 2) for c in range(3))
+        B, H, N, D = q.shape
+        scale = 1 / math.sqrt(D)
+        dqkv = torch.zeros_like(qkv)
+        dq, dk, dv = (dqkv[:, :, c].transpose(1, 2) for c in range(3))
+        ql, kl, vl = q[:, :, :n], k[:, :, :n], v[:, :, :n]
+        kp, vp = plan.padded(kl), plan.padded(vl)
+        if n == plan.P:  # the leaves' gradients, written in place
+            dkp, dvp = dk[:, :, :n], dv[:, :, :n]
+        else:  # padded, added at the end
+            dkp, dvp = kp.new_zeros(kp.shape), vp.new_zeros(vp.shape)
+        do = dout[:, :, :n]
+        wd = w if drop is None else w * drop
+        # leaves: the weights' gradient dW, then the scores' dS
+        dw = [(do * vl).sum(-1, keepdim=True)]
+        dv[:, :, :n] += wd[..., :1] * do
+        col = 1
+        for by, _, _ in plan.sides:
+            doj = _shift(do, -by, plan.P)
+            wj = _shift(wd[..., col:col + plan.L], -by, plan.P)
+            side = [(doj * vp).sum(-1)]
+            dvp += wj[..., :1] * doj
+            for level in range(plan.L - 1):
+                vn = _shift(plan.level(v, level), by, plan.P >> level)
+                side.append((plan.blocks(doj, level) * vn[..., None, :]).sum(-1).flatten(2))
+                dvn = (plan.blocks(wj[..., level + 1:level + 2], level) *
+                       plan.blocks(doj, level)).sum(-2)  # (B, H, P >> level, D)
+                _add_shifted(plan.level(dv, level), dvn, -by)
+            dw.append(_shift(torch.stack(side, -1), by, n))
+            col += plan.L
+        dw = torch.cat(dw, -1)
+        if drop is not None:
+            dw = dw * drop
+        ds = w * (dw - (w * dw).sum(-1, keepdim=True)) * scale  # (B, H, n, S)
+        r = rel[plan.types].to(q.dtype)
+        dql = ds[..., :1] * kl + ds @ r
+        drel = torch.zeros_like(rel).index_add_(
+            0, torch.tensor(plan.types, device=rel.device),
+            torch.einsum("bhns,bhnd->sd", ds, ql).to(rel.dtype))
+        dk[:, :, :n] += ds[..., :1] * ql
+        col = 1
+        for by, _, _ in plan.sides:
+            qj = _shift(ql, -by, plan.P)
+            dsj = _shift(ds[..., col:col + plan.L], -by, plan.P)
+            dqj = dsj[..., :1] * kp
+            dkp += dsj[..., :1] * qj
+            for level in range(plan.L - 1):
+                kn = _shift(plan.level(k, level), by, plan.P >> level)
+                sl = plan.blocks(dsj[..., level + 1:level + 2], level)  # (B, H, G, s, 1)
+                dqj += (sl * kn[..., None, :]).flatten(2, 3)
+                _add_shifted(plan.level(dk, level), (sl * plan.blocks(qj, level)).sum(-2), -by)
+            _add_shifted(dql, dqj, by)
+            col += plan.L
+        dq[:, :, :n] += dql
+        for level, wl, dl in zip(range(1, plan.L), ws, drops):  # internal nodes
+            G = plan.sizes[level]
+            qn = plan.level(q, level)[..., None, :]
+            kb, vb = (plan.blocks(t, level)[:, :, :G] for t in (kp, vp))
+            don = plan.level(dout, level)[..., None, :]  # (B, H, G, 1, D)
+            dwl = (don @ vb.transpose(-1, -2)).squeeze(-2)
+            wdl = wl
+            if dl is not None:
+                dwl, wdl = dwl * dl, wl * dl
+            dsl = wl * (dwl - (wl * dwl).sum(-1, keepdim=True)) * scale  # (B, H, G, s)
+            plan.level(dq, level)[:] += (dsl[..., None, :] @ kb).squeeze(-2)
+            plan.blocks(dkp, level)[:, :, :G] += dsl[..., None] * qn
+            plan.blocks(dvp, level)[:, :, :G] += wdl[..., None] * don
+        if n != plan.P:
+            dk[:, :, :n] += dkp[:, :, :n]
+            dv[:, :, :n] += dvp[:, :, :n]
+        return dqkv, drel, None, None, None
+
+
+def tree_attention(qkv: torch.Tensor, rel: torch.Tensor, n: int, *, causal: bool,
+                   dropout: float = 0.0) -> torch.Tensor:
+    """Attention on the seed's SegTree graph over all nodes: qkv [B, N, 3, H, D] (leaves, then
+    each level), rel [T, D] the edge types' vectors (added to the keys, shared by the heads)
+    -> [B, H, N, D]. No gather, no N x N table: every edge set is a reshape of a level."""
+    return _TreeAttention.apply(qkv, rel, n, causal, dropout)
+
+
+# %% book/06_segtree.md, section 6.6 The model, causal for language modelling
 class SegTreeAttention(nn.Module):
-    """Graph self-attention over the nodes of a segment tree, x [B, N, C] -> [B, N, C]: each
-    node reads only its neighbours, gathered per group (never an N x N table). One learned
-    vector per edge type (the tree's relative positions) is added to the keys, shared by the
-    heads, as Shaw et al. add their a^K."""
+    """Graph self-attention over the nodes of a segment tree, x [B, N, C] -> [B, N, C]: the
+    fast path (`tree_attention`) for the SegTree rule, gathered attention for BPT's. One
+    learned vector per edge type (appendix A.2 of the SegTree paper) is added to the keys,
+    shared by the heads, as Shaw et al. add their a^K."""
 
     def __init__(self, d_model: int, n_head: int, n_types: int, *, dropout: float = 0.0):
         super().__init__()
@@ -210,39 +523,37 @@ class SegTreeAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.rel_k = nn.Parameter(torch.randn(n_types, self.d_head) * 0.02)
-        self.drop = nn.Dropout(dropout)
+        self.dropout = dropout
 
-    def heads(self, x: torch.Tensor):
-        return x.unflatten(-1, (3 * self.n_head, self.d_head)).chunk(3, dim=-2)  # 3 x (B,N,H,D)
+    def qkv_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, N, C] -> [B, N, 3, H, D]."""
+        return self.qkv(x).unflatten(-1, (3, self.n_head, self.d_head))
 
     def forward(self, x: torch.Tensor, graph: SegTreeGraph) -> torch.Tensor:
-        q, k, v = self.heads(self.qkv(x))
-        out = torch.zeros_like(q)
-        for g in graph.groups:
-            kg = k[:, g.index] + self.rel_k[g.etype][:, :, None]  # (B, G, Dn, H, D)
-            scores = torch.einsum("bghd,bgnhd->bghn", q[:, g.nodes], kg) / math.sqrt(self.d_head)
-            scores = scores.masked_fill(~g.valid[:, None, :], float("-inf"))
-            weights = self.drop(torch.softmax(scores, dim=-1))  # every node reads itself
-            out[:, g.nodes] = torch.einsum("bghn,bgnhd->bghd", weights, v[:, g.index])
-        return self.proj(out.flatten(-2))
+        qkv, p = self.qkv_heads(x), self.dropout if self.training else 0.0
+        if graph.rule == "segtree":
+            out = tree_attention(qkv, self.rel_k, graph.n, causal=graph.causal, dropout=p)
+        else:
+            out = gathered_attention(qkv, self.rel_k, graph, dropout=p)
+        return self.proj(out.transpose(1, 2).flatten(-2))  # (B, H, N, D) -> (B, N, C)
+
 
 def segtree_attention_dense(attn: SegTreeAttention, x: torch.Tensor,
                             graph: SegTreeGraph) -> torch.Tensor:
-    """The reference: dense attention over all N nodes with the graph as a mask, the edge
-    types as a [N, N] table. Same weights as `attn`; O(N^2) memory."""
-    mask, etype = graph_mask(graph)
-    q, k, v = (t.transpose(1, 2) for t in attn.heads(attn.qkv(x)))  # (B, H, N, D)
-    scores = q @ k.transpose(-2, -1) + torch.einsum("bhid,ijd->bhij", q, attn.rel_k[etype])
-    scores = (scores / math.sqrt(attn.d_head)).masked_fill(~mask, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v  # (B, H, N, D)
+    """The reference for a SegTreeAttention layer: `tree_attention_dense` with its weights."""
+    out = tree_attention_dense(attn.qkv_heads(x), attn.rel_k, graph)
     return attn.proj(out.transpose(1, 2).flatten(-2))
 
 
-# %% book/06_segtree.md, section 6.5 The model, causal for language modelling
+NORMS = ("pre", "post")
+
+
 @dataclass
 class SegTreeConfig:
-    """Sizes of a SegTreeTransformer: windows of block_size bytes, k neighbours per side and
-    level; causal for language modelling; n_classes > 0 adds a classifier on the root."""
+    """Sizes of a SegTreeTransformer: windows of block_size bytes; rule 'segtree' (the
+    minimal cover) or 'bpt' (k nodes per side and level); norm 'pre' (the book's) or 'post'
+    (the paper's eq. 2); causal for language modelling; n_classes > 0 adds a classifier on
+    the root."""
 
     vocab_size: int = 256
     n_layer: int = 4
@@ -250,7 +561,9 @@ class SegTreeConfig:
     n_head: int = 4
     d_inner: int = 512
     block_size: int = 128
+    rule: str = "segtree"
     k: int = 1
+    norm: str = "pre"
     causal: bool = True
     n_classes: int = 0
     dropout: float = 0.0
@@ -259,6 +572,10 @@ class SegTreeConfig:
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_inner", "block_size", "k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        check_rule(self.rule, self.k)
+        if self.norm not in NORMS:
+            raise ValueError(f"norm={self.norm!r} is unknown; expected 'pre' (the book's) or "
+                             "'post' (the paper's eq. 2)")
         if self.n_classes < 0:
             raise ValueError(f"n_classes must be >= 0 (0 = no classifier), got {self.n_classes}")
         if self.d_model % self.n_head:
@@ -268,10 +585,12 @@ class SegTreeConfig:
 
 
 class SegTreeBlock(nn.Module):
-    """One pre-norm layer over all nodes: x + attn(ln(x)), then x + ff(ln(x))."""
+    """One layer over all nodes. norm 'pre' (the book's): x + attn(ln(x)), then x + ff(ln(x)).
+    norm 'post' (the SegTree paper's eq. 2): z = ln(x + attn(x)), then ln(z + ff(z))."""
 
     def __init__(self, c: SegTreeConfig, n_types: int):
         super().__init__()
+        self.post = c.norm == "post"
         self.ln1, self.ln2 = nn.LayerNorm(c.d_model), nn.LayerNorm(c.d_model)
         self.attn = SegTreeAttention(c.d_model, c.n_head, n_types, dropout=c.dropout)
         self.ff = nn.Sequential(nn.Linear(c.d_model, c.d_inner), nn.GELU(),
@@ -279,6 +598,9 @@ class SegTreeBlock(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, graph: SegTreeGraph) -> torch.Tensor:
+        if self.post:
+            x = self.ln1(x + self.drop(self.attn(x, graph)))
+            return self.ln2(x + self.drop(self.ff(x)))
         x = x + self.drop(self.attn(self.ln1(x), graph))
         return x + self.drop(self.ff(self.ln2(x)))
 
@@ -301,7 +623,8 @@ class SegTreeTransformer(nn.Module):
         n_types = 1 + 3 * max_levels(c.block_size)
         self.tok = nn.Embedding(c.vocab_size, c.d_model)
         self.blocks = nn.ModuleList(SegTreeBlock(c, n_types) for _ in range(c.n_layer))
-        self.ln_f = nn.LayerNorm(c.d_model)
+        # pre-norm leaves the last block's output un-normalised; post-norm ends in a norm
+        self.ln_f = nn.LayerNorm(c.d_model) if c.norm == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         # The training length's graph is built now and moves with the model (`_apply`), so a
@@ -318,7 +641,9 @@ class SegTreeTransformer(nn.Module):
             others = [k for k in self._graphs if k[0] != self.config.block_size]
             if len(others) >= GRAPH_CACHE:
                 self._graphs.pop(others[0])  # the oldest
-            self._graphs[key] = segtree_graph(n, self.config.k, self.config.causal, device=device)
+            c = self.config
+            self._graphs[key] = segtree_graph(n, rule=c.rule, k=c.k, causal=c.causal,
+                                              device=device)
         return self._graphs[key]
 
     def _apply(self, fn, recurse=True):
@@ -328,8 +653,8 @@ class SegTreeTransformer(nn.Module):
         for (n, _), g in self._graphs.items():
             groups = [NodeGroup(*(fn(t) for t in (h.nodes, h.index, h.valid, h.etype)))
                       for h in g.groups]
-            moved[(n, str(groups[0].nodes.device))] = SegTreeGraph(g.n, g.k, g.causal, g.sizes,
-                                                                   groups)
+            moved[(n, str(groups[0].nodes.device))] = SegTreeGraph(g.n, g.rule, g.k, g.causal,
+                                                                   g.sizes, groups)
         self._graphs = moved
         return self
 
@@ -357,59 +682,95 @@ class SegTreeTransformer(nn.Module):
         return self.classifier(self.nodes(tokens)[:, -1])
 
 
-# %% book/06_segtree.md, section 6.6 Cost
-LAYER_METHODS = ("segtree", "dense, written out", "dense, fused")
+# %% book/06_segtree.md, section 6.7 Cost
+LAYER_METHODS = ("segtree", "segtree-gathered", "dense-fused", "dense-written",
+                 "segtree-projections")
 
 
-def attention_layer_cost(method: str, n: int, *, d_model: int = 64, n_head: int = 4, k: int = 1,
-                         repeats: int = 3, device: str = "cpu") -> dict:
-    """One causal attention layer over n bytes (batch 1), forward and backward: the median
-    seconds of `repeats` runs after one warm-up, and the peak memory in MB (on CUDA the
-    allocator's peak; on the CPU the growth of this process's peak resident memory, which is
-    the layer's own only in a fresh process, as `segtree_suite` runs it)."""
+def layer_step(method: str, n: int, *, d_model: int = 64, n_head: int = 4,
+               device: str = "cpu"):
+    """One causal attention layer over n bytes, batch 1, ready to run: a function that does
+    one forward and backward pass. 'segtree-projections' is the SegTree layer with
+    its attention left out (its projections over all N nodes), the floor of its cost."""
     if method not in LAYER_METHODS:
         raise ValueError(f"unknown method {method!r}: expected one of {', '.join(LAYER_METHODS)}")
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    if method.startswith("segtree"):
+        graph = segtree_graph(n, causal=True, device=dev) if method.endswith("gathered") else \
+            SegTreeGraph(n, "segtree", 1, True, tree_sizes(n), [])  # the fast path reads no index
+        attn = SegTreeAttention(d_model, n_head, graph.n_types).to(dev)
+        x = torch.randn(1, graph.n_nodes, d_model, device=dev, requires_grad=True)
+
+        def forward():
+            if method == "segtree":
+                return attn(x, graph)
+            qkv = attn.qkv_heads(x)
+            if method.endswith("gathered"):
+                return attn.proj(gathered_attention(qkv, attn.rel_k, graph).transpose(1, 2)
+                                 .flatten(-2))
+            return attn.proj(qkv[:, :, 0].flatten(-2))
+    else:
+        qkv_proj = nn.Linear(d_model, 3 * d_model).to(dev)
+        proj = nn.Linear(d_model, d_model).to(dev)
+        x = torch.randn(1, n, d_model, device=dev, requires_grad=True)
+        mask = causal_mask(n, n, device=dev) if method == "dense-written" else None
+
+        def forward():
+            q, k, v = qkv_proj(x).unflatten(-1, (3, n_head, -1)).permute(2, 0, 3, 1, 4)
+            if mask is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                scores = (q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))).masked_fill(
+                    ~mask, float("-inf"))
+                y = torch.softmax(scores, -1) @ v
+            return proj(y.transpose(1, 2).flatten(-2))
+
+    def run():
+        forward().square().mean().backward()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    return run
+
+
+def interleaved_times(runs: dict, rounds: int) -> dict:
+    """Seconds of each run per round: one warm-up each, then `rounds` rounds in which every
+    run goes once, in turn (a slow moment of the machine then hits them all alike)."""
+    for run in runs.values():
+        run()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def attention_layer_cost(method: str, n: int, *, repeats: int = 1, device: str = "cpu",
+                         **sizes) -> dict:
+    """Median seconds of `repeats` runs of `layer_step` after one warm-up, and the peak memory
+    in MB: on CUDA the allocator's peak, on the CPU the growth of this process's peak
+    resident memory (`peak_rss_mb`), which is the layer's own only in a process that runs
+    nothing else (the benchmark runs each point in a fresh one)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux
-    torch.manual_seed(0)
-    x = torch.randn(1, n, d_model, device=dev, requires_grad=True)
-    d_head = d_model // n_head
-    if method == "segtree":
-        graph = segtree_graph(n, k, causal=True, device=dev)
-        attn = SegTreeAttention(d_model, n_head, graph.n_types).to(dev)
-        pad = x.new_zeros(1, graph.n_nodes - n, d_model)
-
-        def run():
-            return attn(torch.cat([x, pad], 1), graph)[:, :n]
-    else:
-        qkv = torch.nn.Linear(d_model, 3 * d_model).to(dev)
-        mask = causal_mask(n, n, device=dev) if method == "dense, written out" else None
-
-        def run():
-            q, kk, v = qkv(x).view(1, n, 3, n_head, d_head).permute(2, 0, 3, 1, 4)
-            if mask is None:
-                return F.scaled_dot_product_attention(q, kk, v, is_causal=True)
-            scores = (q @ kk.transpose(-2, -1) / math.sqrt(d_head)).masked_fill(~mask,
-                                                                               float("-inf"))
-            return torch.softmax(scores, -1) @ v
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        run().square().sum().backward()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        times.append(time.perf_counter() - t0)
+        base = peak_rss_mb(reset=True)
+        if base is None:
+            raise RuntimeError("the CPU's peak memory is read from /proc/self/status (Linux); "
+                               "this system has none: measure on Linux or on a GPU")
+    times = interleaved_times({method: layer_step(method, n, device=device, **sizes)},
+                              repeats)[method]
     if dev.type == "cuda":
-        peak_mb = (torch.cuda.max_memory_allocated(dev) - base) / 2**20
-        name = torch.cuda.get_device_name(dev)
+        peak_mb, name = (torch.cuda.max_memory_allocated(dev) - base) / 2**20, \
+            torch.cuda.get_device_name(dev)
     else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
-        name = "cpu"
-    return {"method": method, "n": n, "seconds": sorted(times[1:])[repeats // 2],
+        peak_mb, name = peak_rss_mb() - base, "cpu"
+    return {"method": method, "n": n, "seconds": sorted(times)[len(times) // 2],
             "peak_mb": max(peak_mb, 0.0), "device": name, "torch": torch.__version__}
 
 

@@ -22,7 +22,7 @@ TINY_CONFIGS = {
     "shaw": dict(SIZES, block_size=32, max_relative=4),
     "xl": dict(SIZES, d_head=16, tgt_len=16, mem_len=16),
     "xlnet": dict(SIZES, seq_len=32, n_predict=6, mem_len=32),
-    "segtree": dict(SIZES, block_size=32, k=2),
+    "segtree": dict(SIZES, block_size=32),
 }
 TINY = {kind: ["--model", kind] + [a for name, value in config.items()
                                    for a in (f"--{name.replace('_', '-')}", str(value))]

@@ -40,7 +40,7 @@ def test_every_checker_is_tested():
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
                                   "relative_index", "distance_weights",
                                   "rel_shift", "permutation_masks", "query_stream_mask",
-                                  "rel_shift_bi", "leaf_context", "causal_tree_graph",
+                                  "rel_shift_bi", "leaf_context", "bpt_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments"}
 
@@ -392,13 +392,18 @@ def test_rel_shift_bi_checker_names_the_slip(capsys):
 
 # ---------------------------------------------------------------- Chapter 6
 
-def leaf_spans(n, i, k=1, causal=False):
-    return [segtree.node_span(n, level, p)
-            for level, p, _ in segtree.leaf_context_loop(n, i, k=k, causal=causal)]
+def leaf_spans(n, i, causal=False):
+    return [segtree.node_span(n, c.level, c.p)
+            for c in segtree.leaf_context_loop(n, i, causal=causal)]
 
 
-def causal_graph(n, k):
-    return segtree.graph_mask(segtree.segtree_graph(n, k, causal=True))[0]
+def bpt_spans(n, i, k=1, causal=False):
+    return [segtree.node_span(n, c.level, c.p)
+            for c in segtree.leaf_context_loop(n, i, rule="bpt", k=k, causal=causal)]
+
+
+def causal_graph(n):
+    return segtree.graph_mask(segtree.segtree_graph(n, causal=True))[0]
 
 
 def gathered(q, k, v, index, valid, *, scale=True, mask=True):
@@ -410,6 +415,7 @@ def gathered(q, k, v, index, valid, *, scale=True, mask=True):
 
 
 @pytest.mark.parametrize("name,reference", [("leaf_context", leaf_spans),
+                                            ("bpt_context", bpt_spans),
                                             ("causal_tree_graph", causal_graph),
                                             ("gathered_attention", gathered)])
 def test_chapter_six_checkers_pass_a_correct_implementation(name, reference, capsys):
@@ -418,6 +424,36 @@ def test_chapter_six_checkers_pass_a_correct_implementation(name, reference, cap
 
 
 def test_leaf_context_checker_names_the_slip(capsys):
+    """The SegTree rule's checker: BPT's rule taken for it, a valid but larger cover, a
+    neighbour folded into a bigger span, and the cover slips."""
+    def larger(n, i, causal=False):  # splits the biggest node into its two children
+        spans = leaf_spans(n, i, causal)
+        a, b = max(spans, key=lambda s: s[1] - s[0])
+        if b == a:
+            return spans
+        mid = a + (1 << ((b - a).bit_length() - 1))
+        return [s for s in spans if s != (a, b)] + [(a, mid - 1), (mid, b)]
+
+    def folded(n, i, causal=False):  # the left neighbour inside a pair with the leaf before it
+        spans = leaf_spans(n, i, causal)
+        if i >= 2 and (i - 2, i - 2) in spans:
+            return [s for s in spans if s not in ((i - 2, i - 2), (i - 1, i - 1))] + [(i - 2, i - 1)]
+        return spans
+
+    fails_with(capsys, check.leaf_context, lambda n, i, causal=False: bpt_spans(n, i, 1, causal),
+               "BP-Transformer's rule at k = 1", "not the SegTree rule's minimal cover")
+    fails_with(capsys, check.leaf_context, larger, "not the smallest")
+    fails_with(capsys, check.leaf_context, folded, "neighbouring leaves", "nodes of their own")
+    fails_with(capsys, check.leaf_context, lambda n, i, causal=False: leaf_spans(n, i),
+               "reaches past the leaf")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, causal=False: leaf_spans(n, i, causal) + [(i, i)], "overlap")
+    fails_with(capsys, check.leaf_context,
+               lambda n, i, causal=False: [(a, b if b < n - 1 else b + 1) for a, b in
+                                           leaf_spans(n, i, causal)], "past the last byte")
+
+
+def test_bpt_context_checker_names_the_slip(capsys):
     def no_alignment(n, i, k=1, causal=False):  # takes k blocks per level, never aligns
         spans, lo, hi, level = [(i, i)], i, i + 1, 0
         while lo > 0 or (not causal and hi < n):
@@ -431,37 +467,37 @@ def test_leaf_context_checker_names_the_slip(capsys):
             level += 1
         return spans
 
-    fails_with(capsys, check.leaf_context, no_alignment, "not the tree's nodes")
-    fails_with(capsys, check.leaf_context,
-               lambda n, i, k=1, causal=False: leaf_spans(n, i, k), "reaches past the leaf")
-    fails_with(capsys, check.leaf_context,
-               lambda n, i, k=1, causal=False: leaf_spans(n, i, k, causal) + [(i, i)], "overlap")
-    fails_with(capsys, check.leaf_context,
-               lambda n, i, k=1, causal=False: [s for s in leaf_spans(n, i, k, causal)
-                                                if s[1] - s[0] != 1], "not covered")
-    fails_with(capsys, check.leaf_context,
-               lambda n, i, k=1, causal=False: [(a, b if b < n - 1 else b + 1) for a, b in
-                                                leaf_spans(n, i, k, causal)], "past the last byte")
+    fails_with(capsys, check.bpt_context, no_alignment, "not BPT's nodes")
+    fails_with(capsys, check.bpt_context,
+               lambda n, i, k=1, causal=False: [s for s in bpt_spans(n, i, k, causal)
+                                                if s[1] - s[0] != 1], "not covered",
+               "one node of the level below")
+    fails_with(capsys, check.bpt_context,
+               lambda n, i, k=1, causal=False: bpt_spans(n, i, k), "reaches past the leaf")
 
 
 def test_causal_tree_graph_checker_names_the_slip(capsys):
-    def leaky(n, k):
-        m = causal_graph(n, k).clone()
+    def leaky(n):
+        m = causal_graph(n).clone()
         m[n - 2, n - 1] = True  # the second-last leaf reads the last one
         return m
 
-    def no_self(n, k):
-        return causal_graph(n, k) & ~torch.eye(len(causal_graph(n, k)), dtype=torch.bool)
+    def no_self(n):
+        return causal_graph(n) & ~torch.eye(len(causal_graph(n)), dtype=torch.bool)
 
-    def wide(n, k):
-        m = causal_graph(n, k).clone()
+    def internal_self(n):
+        return causal_graph(n) | torch.eye(len(causal_graph(n)), dtype=torch.bool)
+
+    def wide(n):
+        m = causal_graph(n).clone()
         m[n, :] = m[n, :] | (torch.arange(len(m)) < n)  # the first pair node reads every leaf
         return m
 
     fails_with(capsys, check.causal_tree_graph, leaky, "covers a later byte")
     fails_with(capsys, check.causal_tree_graph, no_self, "does not read itself")
-    fails_with(capsys, check.causal_tree_graph, wide, "internal node", "only itself and the leaves")
-    fails_with(capsys, check.causal_tree_graph, lambda n, k: causal_graph(n, k).float(),
+    fails_with(capsys, check.causal_tree_graph, internal_self, "an internal node reads itself")
+    fails_with(capsys, check.causal_tree_graph, wide, "internal node", "only the leaves")
+    fails_with(capsys, check.causal_tree_graph, lambda n: causal_graph(n).float(),
                "expected a bool tensor")
 
 

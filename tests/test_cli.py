@@ -115,7 +115,8 @@ def test_help_lists_the_commands_and_the_exit_codes(capsys):
     assert ("--aux-losses AUX_LOSSES Chapter 2's losses: comma-separated positions, layers[=W], "
             "targets[=W], or none (default positions; char, shaw)") in text
     assert "--block-size BLOCK_SIZE the window length (char, shaw, segtree)" in text
-    assert "--k K tree neighbours per side and level (segtree)" in text
+    assert "--k K nodes per side and level (--rule bpt only) (segtree)" in text
+    assert "--rule RULE which nodes a leaf reads: segtree (the SegTree paper's minimal" in text
 
 
 # ---------------------------------------------------------------- XLNet (Chapter 5)
@@ -284,6 +285,8 @@ BAD = [
      "--protocol infill does not apply to a --model char checkpoint"),
     (["train", "--model", "segtree", "--k", "0"], None, "k must be a positive integer"),
     (["train", "--model", "segtree", "--n-classes", "3"], None, "must be causal"),
+    (["train", "--model", "segtree", "--k", "2"], None, "k=2 applies to rule 'bpt' only"),
+    (["train", "--model", "segtree", "--rule", "star"], None, "unknown rule 'star'"),
     (["train", "--model", "xlnet", "--seq-len", "16", "--n-predict", "20"], None,
      "n_predict=20 cannot exceed seq_len=16"),
     (["train", "--model", "xlnet", "--seq-len", "8", "--n-predict", "2"], None,
@@ -403,12 +406,17 @@ def test_segtree_trains_evaluates_and_refuses_a_model_that_is_not_causal(segtree
                                                                          small_corpus, tmp_path):
     """(eval against training is checked with the other kinds above.)"""
     ckpt = load_checkpoint(segtree_run / "checkpoint.pt", for_resume=True)
-    assert ckpt["meta"]["kind"] == "segtree" and ckpt["model_config"]["k"] == 2
+    assert ckpt["meta"]["kind"] == "segtree" and ckpt["model_config"]["rule"] == "segtree"
     argv = ["eval", "--checkpoint", str(segtree_run / "checkpoint.pt"), "--device", "cpu"]
     assert main([*argv, "--protocol", "sliding", "--seq-len", "16", "--stride", "8"]) == 0
     assert "sliding windows of 16" in capsys.readouterr().out
     assert main(train_args("segtree", tmp_path / "bi", 2, "--corpus", str(small_corpus), "--no-causal")) == 2
     assert "must be causal" in capsys.readouterr().err
+    bpt = tmp_path / "bpt"
+    assert main(train_args("segtree", bpt, 2, "--corpus", str(small_corpus), "--rule", "bpt",
+                           "--k", "2")) == 0
+    config = load_checkpoint(bpt / "checkpoint.pt", for_resume=True)["model_config"]
+    assert (config["rule"], config["k"]) == ("bpt", 2)
 
 
 # ---------------------------------------------------------------- paper-scale presets
@@ -424,7 +432,7 @@ PAPER_SHAPES = {
                     mem_len=512, dropout=0.1, pre_lnorm=False),
     "xlnet-base": dict(n_layer=12, d_model=768, n_head=12, d_inner=3072, seq_len=512),
     "segtree-base": dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192,
-                         k=64),
+                         rule="bpt", k=64),
 }
 
 

@@ -40,8 +40,15 @@ TINY = {
     "hf-xl": (["--preset", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0",
                "--rounds", "1", "--device", "cpu"],
               ["preset", "device", "torch", "transformers", "dtype"]),
-    "segtree_cost": (["--max-n", "512", "--repeats", "1", "--device", "cpu"],
-                ["method", "n", "seconds", "peak_mb"]),
+    "segtree": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
+                ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
+    "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",
+                         "16", "--shaw-windows", "16", "--eval-bytes", "256"],
+                        ["arm", "window", "seed", "steps", "batch_size", "params", "valid_bpc"]),
+    "segtree_reach": (["--window", "64", "--filler", "20", "--dense-window", "16", "--steps",
+                       "2", "--question-steps", "2", "--batch-size", "2"],
+                      ["task", "arm", "window", "seed", "steps", "distance", "accuracy",
+                       "accuracy_near", "accuracy_far", "bits", "cases"]),
 }
 
 
@@ -142,13 +149,33 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert [r["chosen"] for r in rows] == ["gathered", "gathered", "bucket", "bucket"]
     assert "| T | max_relative |" in capsys.readouterr().out
 
-    rows = run("segtree_cost")
-    assert [(r["method"], int(r["n"])) for r in rows] == [
-        (m, n) for n in (256, 512) for m in ("segtree", "dense, written out", "dense, fused")]
-    assert all(float(r["seconds"]) > 0 and float(r["peak_mb"]) >= 0 for r in rows)
-    assert {r["device"] for r in rows} == {"cpu"}
+    rows = run("segtree")
+    methods = ["segtree", "segtree-gathered", "dense-fused", "dense-written", "segtree-projections"]
+    assert [(r["method"], int(r["n"])) for r in rows] == [(m, n) for n in (64, 128) for m in methods]
+    assert all(0 < float(r["seconds"]) <= float(r["median_seconds"]) for r in rows)
+    assert all(float(r["peak_mb"]) >= 0 for r in rows) and {r["device"] for r in rows} == {"cpu"}
     text = capsys.readouterr().out
-    assert "segtree: n=256" in text and "(slope " in text
+    assert "n=128: dense fused / segtree time" in text and "time slope over n = " not in text
+    rows = run("segtree", "--methods", "segtree,dense-fused", "--min-n", "1024", "--max-n", "2048")
+    assert {r["method"] for r in rows} == {"segtree", "dense-fused"}
+    assert "segtree time slope over n = 1024..2048" in capsys.readouterr().out
+
+    rows = run("segtree_quality")
+    assert [r["arm"] for r in rows] == ["dense", "shaw", "segtree", "segtree-post"]
+    assert all(0 < float(r["valid_bpc"]) < 9 for r in rows)
+    params = {r["arm"]: int(r["params"]) for r in rows}
+    assert params["segtree"] - params["segtree-post"] == 2 * 64  # post-norm has no final norm
+    rows = run("segtree_quality", "--windows", "16,32", "--arms", "segtree-post")
+    assert [int(r["window"]) for r in rows] == [16]  # post-norm only at --post-windows
+
+    rows = run("segtree_reach")
+    assert [(r["task"], r["arm"]) for r in rows] == [
+        ("flag question", "segtree"), ("flag question", "segtree, 1 layer"),
+        ("flag question", "dense, window 16"), ("flag question", "dense, window 64"),
+        ("recall", "segtree"), ("recall", "dense, window 16"), ("recall", "dense, window 64")]
+    assert all(0 <= float(r["accuracy"]) <= 1 and int(r["cases"]) > 0 for r in rows)
+    assert all(r["distance"] == "28" and float(r["bits"]) > 0 for r in rows[4:])
+    assert all(r["bits"] == "" and 0 <= float(r["accuracy_far"]) <= 1 for r in rows[:4])
 
     rows = run("nanogpt_race")
     assert [(r["program"], r["round"]) for r in rows] == [
@@ -170,7 +197,8 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     (["positions", "--depths", "0"], "--depths needs at least one integer"),
     (["xl_eval_speed", "--lengths", "2"], "every length >= tgt_len"),
     (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
-    (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
+    (["segtree", "--max-n", "128"], "need 2 <= min_n <= max_n"),
+    (["segtree", "--methods", "segtree,tree"], "unknown method(s) tree"),
     (["models", "--models", "nope"], "unknown model 'nope'"),
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
 ])

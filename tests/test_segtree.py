@@ -1,17 +1,23 @@
-"""Chapter 6: the SegTree graph (loop and vectorised), gathered against dense attention, the
-causal model's leakage, the edge types, and the model's heads and protocol."""
+"""Chapter 6: the two rules (loop and vectorised, disjoint covers, the SegTree rule minimal
+against a search over all covers), the fast path and the gathered path against the dense
+reference (values and gradients), the causal model's leakage, the edge types, both blocks,
+and the model's heads and protocol."""
 
+import functools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from minixl.char_transformer import causal_mask, leakage_matrix
-from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTreeTransformer, edge_type,
-                            graph_mask, leaf_context_loop, node_span, segtree_attention_dense,
-                            segtree_graph, tree_sizes)
+from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTreeTransformer,
+                            edge_type, gathered_attention, graph_mask, leaf_context_loop,
+                            node_span, segtree_attention_dense, segtree_graph, tree_attention,
+                            tree_attention_dense, tree_sizes)
 
 SIZES = list(range(1, 71)) + [100, 127, 128, 129, 257]
+RULES = [("segtree", 1), ("bpt", 1), ("bpt", 2), ("bpt", 3), ("bpt", 5)]
 
 
 def offsets(n):
@@ -19,70 +25,187 @@ def offsets(n):
     return [sum(sizes[:j]) for j in range(len(sizes))]
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize("rule,k", RULES)
 @pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
-def test_every_leaf_reads_disjoint_spans_that_cover_its_context(k, causal):
-    """For every leaf of many lengths (powers of two and not): the loop's spans are disjoint,
-    cover 0..n-1 (0..i when causal), are within (2k + 2) per level + 1, and the vectorised
-    graph holds exactly the loop's nodes with the same edge types."""
+def test_every_leaf_reads_disjoint_spans_that_cover_its_context(rule, k, causal):
+    """For every leaf of many lengths (powers of two and not): the loop's spans are disjoint
+    and cover 0..n-1 (0..i when causal), and the vectorised graph holds exactly the loop's
+    nodes with the same edge types."""
     for n in SIZES:
-        leaves = segtree_graph(n, k, causal).groups[0]
+        leaves = segtree_graph(n, rule=rule, k=k, causal=causal).groups[0]
         off, levels = offsets(n), len(tree_sizes(n))
         for i in range(n):
-            loop = leaf_context_loop(n, i, k=k, causal=causal)
-            covered = [b for lv, p, _ in loop
-                       for b in range(node_span(n, lv, p)[0], node_span(n, lv, p)[1] + 1)]
+            loop = leaf_context_loop(n, i, rule=rule, k=k, causal=causal)
+            covered = [b for c in loop
+                       for b in range(node_span(n, c.level, c.p)[0], node_span(n, c.level, c.p)[1] + 1)]
             assert sorted(covered) == list(range(i + 1 if causal else n)), (n, i)
             assert len(loop) <= (2 * k + 2) * levels + 1, (n, i, len(loop))
-            want = sorted((off[lv] + p, edge_type(kind, lv)) for lv, p, kind in loop)
+            if causal:
+                assert all(node_span(n, c.level, c.p)[1] <= i for c in loop)
+            want = sorted((off[c.level] + c.p, edge_type(c.side, c.step)) for c in loop)
             row = leaves.valid[i]
             assert sorted(zip(leaves.index[i][row].tolist(), leaves.etype[i][row].tolist())) == want
 
 
-def test_the_papers_example():
-    """n = 16, k = 1: leaf 7 reads {0-3, 4-5, 6, 7, 8, 9, 10-11, 12-15}."""
-    spans = sorted(node_span(16, lv, p) for lv, p, _ in leaf_context_loop(16, 7, k=1))
-    assert spans == [(0, 3), (4, 5), (6, 6), (7, 7), (8, 8), (9, 9), (10, 11), (12, 15)]
-    causal = sorted(node_span(16, lv, p) for lv, p, _ in leaf_context_loop(16, 7, causal=True))
-    assert causal == [(0, 3), (4, 5), (6, 6), (7, 7)]
+@functools.lru_cache(maxsize=None)
+def smallest_cover(n, i, causal):
+    """The fewest tree nodes that hold the leaf and its neighbours as nodes of their own and,
+    disjoint, cover 0..n-1 (0..i): a dynamic program over every node's span, independent of
+    the walk in leaf_context_loop."""
+    starts = {}
+    for level, size in enumerate(tree_sizes(n)):
+        for p in range(size):
+            first, last = node_span(n, level, p)
+            starts.setdefault(first, set()).add(last)
+    end = i + 1 if causal else n
+    fixed = {j for j in (i - 1, i, i + 1) if 0 <= j < end}
+
+    @functools.lru_cache(maxsize=None)
+    def fewest(a):
+        if a == end:
+            return 0
+        options = [1 + fewest(b + 1) for b in starts[a] if b < end
+                   and not any(a <= j <= b for j in fixed if (a, b) != (j, j))]
+        return min(options, default=math.inf)
+
+    return fewest(0)
+
+
+def test_the_segtree_rule_is_the_smallest_cover():
+    """No smaller disjoint cover holding the leaf and its neighbours exists (every leaf, n up
+    to 80, both modes), and BPT's rule at k = 1 is larger for some leaves."""
+    bigger = 0
+    for n in range(1, 81):
+        for i in range(n):
+            for causal in (False, True):
+                got = leaf_context_loop(n, i, causal=causal)
+                assert len(got) == smallest_cover(n, i, causal), (n, i, causal)
+                bigger += len(leaf_context_loop(n, i, rule="bpt", causal=causal)) > len(got)
+    assert bigger > 0
+
+
+def test_the_examples_of_the_issue_and_the_reference():
+    """n = 16, leaf 3: {0-1, 2, 3, 4, 5, 6-7, 8-15}; n = 11, leaf 5: 6 nodes with [0,3] and
+    [8,10], where BPT at k = 1 reads 8 with [0,1] and [2,3]."""
+    def spans(n, i, **rule):
+        return sorted(node_span(n, c.level, c.p) for c in leaf_context_loop(n, i, **rule))
+
+    assert spans(16, 3) == [(0, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 7), (8, 15)]
+    assert spans(11, 5) == [(0, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 10)]
+    assert spans(11, 5, rule="bpt") == [(0, 1), (2, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 9),
+                                        (10, 10)]
+    assert spans(16, 3, rule="bpt")[-2:] == [(8, 11), (12, 15)]
+    assert spans(16, 7, causal=True) == [(0, 3), (4, 5), (6, 6), (7, 7)]
+
+
+def test_join_steps_are_not_levels():
+    """Appendix A.2 indexes r_left / r_right by the step at which a node joins: under the
+    SegTree rule the neighbour (step 0) and a level-0 cover node (step 1) differ; under BPT an
+    alignment node of level j - 1 joins at step j."""
+    seg = {(c.level, c.p): c for c in leaf_context_loop(16, 3)}
+    assert seg[0, 2].step == 0 and seg[0, 4].step == 0 and seg[0, 5].step == 1
+    assert seg[3, 1].step == 4  # [8, 15]
+    bpt = leaf_context_loop(16, 7, rule="bpt")
+    assert any(c.level == c.step - 1 for c in bpt)  # an alignment node
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
-def test_internal_nodes_read_themselves_and_their_leaves_only(causal):
+def test_internal_nodes_read_the_leaves_below_them_only(causal):
     for n in (1, 5, 16, 37):
-        graph = segtree_graph(n, 2, causal)
+        graph = segtree_graph(n, rule="bpt", k=2, causal=causal)
         mask, _ = graph_mask(graph)
         spans = [node_span(n, lv, p) for lv, size in enumerate(graph.sizes) for p in range(size)]
         assert spans[-1] == (0, n - 1)  # the root, stored last, spans everything
         for node in range(n, graph.n_nodes):
             first, last = spans[node]
-            want = {node} | set(range(first, last + 1))
-            assert set(mask[node].nonzero().flatten().tolist()) == want, (n, node)
-        if causal:  # no leaf reads a node that covers a later byte
-            for leaf in range(n):
-                assert all(spans[j][1] <= leaf for j in mask[leaf].nonzero().flatten().tolist())
+            assert set(mask[node].nonzero().flatten().tolist()) == set(range(first, last + 1))
 
 
 def test_edges_grow_like_n_log_n():
-    edges = {n: sum(int(g.valid.sum()) for g in segtree_graph(n, 1, True).groups)
-             for n in (1024, 4096)}
-    assert edges[4096] / edges[1024] < 6  # n log n: 4.8; n^1.5: 8; dense: 16
+    for rule in ("segtree", "bpt"):
+        edges = {n: sum(int(g.valid.sum()) for g in segtree_graph(n, rule=rule, causal=True).groups)
+                 for n in (1024, 4096)}
+        assert edges[4096] / edges[1024] < 6  # n log n: 4.8; n^1.5: 8; dense: 16
 
 
-@pytest.mark.parametrize("n,k,causal", [(1, 1, True), (2, 1, False), (7, 2, True),
-                                        (16, 1, False), (33, 3, True)])
-def test_gathered_attention_equals_the_dense_masked_reference(n, k, causal):
+def random_inputs(graph, dtype=torch.float64, heads=3, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(2, graph.n_nodes, 3, heads, d, generator=g, dtype=dtype).requires_grad_()
+    rel = torch.randn(graph.n_types, d, generator=g, dtype=dtype).requires_grad_()
+    return qkv, rel
+
+
+def grads(out, inputs, seed=1):
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return torch.autograd.grad((out * probe).sum(), inputs)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
+def test_fast_tree_attention_equals_the_dense_reference(causal):
+    """Values and gradients (qkv and the edge types' vectors), float64, every n to 70 and a
+    few more, powers of two and not."""
+    for n in [*range(1, 71), 100, 127, 128, 129]:
+        graph = segtree_graph(n, causal=causal)
+        qkv, rel = random_inputs(graph, seed=n)
+        fast, slow = tree_attention(qkv, rel, n, causal=causal), tree_attention_dense(qkv, rel, graph)
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=1e-10)
+        for a, b in zip(grads(fast, [qkv, rel]), grads(slow, [qkv, rel])):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_fast_tree_attention_with_dropout_has_the_right_gradient():
+    """With dropout, the hand-written backward against finite differences (the same mask on
+    every call), and dropout changes the output."""
+    graph = segtree_graph(11)
+    qkv, rel = random_inputs(graph, heads=2, d=4)
+
+    def run(qkv, rel, p=0.3):
+        torch.manual_seed(5)
+        return tree_attention(qkv, rel, 11, causal=False, dropout=p)
+
+    assert torch.autograd.gradcheck(run, (qkv, rel))
+    assert not torch.allclose(run(qkv, rel), run(qkv, rel, 0.0))
+
+
+def test_fast_tree_attention_float32_and_batch_rows_are_independent():
+    graph = segtree_graph(37, causal=True)
+    qkv, rel = random_inputs(graph, dtype=torch.float32)
+    fast = tree_attention(qkv, rel, 37, causal=True)
+    torch.testing.assert_close(fast, tree_attention_dense(qkv, rel, graph), atol=1e-5, rtol=1e-5)
+    alone = tree_attention(qkv[1:], rel, 37, causal=True)
+    torch.testing.assert_close(alone, fast[1:], atol=1e-6, rtol=1e-6)
+
+
+def test_r_anc_has_no_effect():
+    """Every leaf an internal node reads has the same type r_anc^j: the softmax cancels it."""
+    graph = segtree_graph(16, causal=True)
+    qkv, rel = random_inputs(graph)
+    before = tree_attention_dense(qkv, rel, graph)
+    moved = rel.detach().clone()
+    anc = [edge_type("anc", j) for j in range(1, len(graph.sizes))]
+    moved[anc] += 5.0
+    torch.testing.assert_close(tree_attention_dense(qkv, moved, graph), before)
+    moved[edge_type("left", 1)] += 5.0
+    assert not torch.allclose(tree_attention_dense(qkv, moved, graph), before)
+
+
+@pytest.mark.parametrize("n,rule,k,causal", [(1, "segtree", 1, True), (2, "bpt", 1, False),
+                                             (7, "bpt", 2, True), (16, "segtree", 1, False),
+                                             (33, "bpt", 3, True)])
+def test_the_layer_equals_the_dense_masked_reference(n, rule, k, causal):
     torch.manual_seed(n)
-    graph = segtree_graph(n, k, causal)
+    graph = segtree_graph(n, rule=rule, k=k, causal=causal)
     attn = SegTreeAttention(32, 4, graph.n_types)
     x = torch.randn(2, graph.n_nodes, 32, requires_grad=True)
     fast, slow = attn(x, graph), segtree_attention_dense(attn, x, graph)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
     params = [x, *attn.parameters()]
-    g_fast = torch.autograd.grad(fast.square().sum(), params)
-    g_slow = torch.autograd.grad(slow.square().sum(), params)
-    for a, b in zip(g_fast, g_slow):
+    for a, b in zip(grads(fast, params), grads(slow, params)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    if rule == "segtree":  # the gathered path agrees too
+        torch.testing.assert_close(gathered_attention(attn.qkv_heads(x), attn.rel_k, graph),
+                                   tree_attention_dense(attn.qkv_heads(x), attn.rel_k, graph),
+                                   atol=1e-5, rtol=1e-5)
 
 
 def small(**kw):
@@ -92,21 +215,39 @@ def small(**kw):
 
 
 @pytest.mark.slow
-def test_the_causal_model_does_not_leak_and_the_bidirectional_one_reads_ahead():
+@pytest.mark.parametrize("settings", [{}, {"norm": "post"}, {"rule": "bpt", "k": 2}],
+                         ids=["segtree", "post-norm", "bpt"])
+def test_the_causal_model_does_not_leak_and_the_bidirectional_one_reads_ahead(settings):
     text = torch.randint(0, 256, (21,), generator=torch.Generator().manual_seed(1))
-    leak = leakage_matrix(small(), text)
+    leak = leakage_matrix(small(**settings), text)
     assert torch.equal(leak != 0, causal_mask(21, 21))
-    assert (leakage_matrix(small(causal=False), text).triu(1) != 0).any()
+    assert (leakage_matrix(small(causal=False, **settings), text).triu(1) != 0).any()
+
+
+def test_the_post_norm_block_is_the_papers_eq_2():
+    """norm='post': z = ln1(x + attn(x)), h = ln2(z + ff(z)), and no final norm."""
+    model = small(norm="post")
+    block = model.blocks[0]
+    graph = segtree_graph(5, causal=True)
+    x = torch.randn(1, graph.n_nodes, 32)
+    with torch.no_grad():
+        z = block.ln1(x + block.attn(x, graph))
+        torch.testing.assert_close(block(x, graph), block.ln2(z + block.ff(z)))
+    assert isinstance(model.ln_f, torch.nn.Identity)
+    assert not torch.allclose(small(norm="post")(torch.arange(9)[None]),
+                              small()(torch.arange(9)[None]))
 
 
 def test_edge_types_are_the_same_for_every_length_and_matter():
     """A type index means one relation at any n (a model trained at one length reads
     another), and the learned vectors change the output."""
     for n in (16, 64):
-        leaves = segtree_graph(n, 1).groups[0]
+        leaves = segtree_graph(n).groups[0]
         row = dict(zip(leaves.index[7].tolist(), leaves.etype[7].tolist()))
         assert row[7] == edge_type("self") == 0
         assert row[6] == edge_type("left", 0) and row[8] == edge_type("right", 0)
+        six = segtree_graph(n).groups[0]
+        assert dict(zip(six.index[6].tolist(), six.etype[6].tolist()))[4] == edge_type("left", 1)
     with pytest.raises(ValueError, match="unknown edge type"):
         edge_type("up", 1)
     model = small()
@@ -135,21 +276,28 @@ def test_step_in_pieces_equals_one_pass_and_classify_reads_the_root():
 
 @pytest.mark.parametrize("bad,match", [(dict(k=0), "k must be"), (dict(n_head=3), "multiple"),
                                        (dict(n_classes=-1), "n_classes"),
-                                       (dict(dropout=1.0), "dropout")])
+                                       (dict(dropout=1.0), "dropout"),
+                                       (dict(rule="star"), "unknown rule 'star'"),
+                                       (dict(k=2), "applies to rule 'bpt' only"),
+                                       (dict(norm="mid"), "norm='mid' is unknown")])
 def test_bad_settings_are_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         SegTreeConfig(**{"d_model": 32, **bad})
     with pytest.raises(ValueError, match="at least one leaf"):
         tree_sizes(0)
     with pytest.raises(ValueError, match="k"):
-        segtree_graph(8, 0)
+        segtree_graph(8, rule="bpt", k=0)
+    with pytest.raises(ValueError, match="leaf 8 is not in 0..7"):
+        leaf_context_loop(8, 8)
 
 
-def test_context_size_follows_2k_log_n():
-    """The most nodes a leaf reads, against 2k log2(n/k): close for larger k."""
+def test_context_size():
+    """The SegTree rule: at most 2 log2 n + 3 nodes per leaf; BPT: near 2k log2(n/k)."""
+    for n in (16, 100, 4096):
+        assert int(segtree_graph(n).groups[0].valid.sum(1).max()) <= 2 * math.log2(n) + 3
     for k in (4, 16):
-        most = int(segtree_graph(4096, k).groups[0].valid.sum(1).max())
-        assert 0.8 < most / (2 * k * math.log2(4096 / k)) < 1.2
+        most = int(segtree_graph(4096, rule="bpt", k=k).groups[0].valid.sum(1).max())
+        assert 0.7 < most / (2 * k * math.log2(4096 / k)) < 1.2
 
 
 def test_sampling_keeps_only_a_few_graphs():
@@ -172,7 +320,7 @@ def test_training_length_graph_is_built_with_the_model_and_moves_with_it():
     only constant tensors), and Module.to carries the cached graphs along."""
     model = small()
     graph = model._graphs[(32, "cpu")]
-    want = segtree_graph(32, 1, True)
+    want = segtree_graph(32, causal=True)
     for a, b in zip(graph.groups, want.groups):
         assert all(torch.equal(x, y) for x, y in
                    zip((a.nodes, a.index, a.valid, a.etype), (b.nodes, b.index, b.valid, b.etype)))
@@ -182,3 +330,17 @@ def test_training_length_graph_is_built_with_the_model_and_moves_with_it():
     assert set(model._graphs) == {(32, "cpu")}
     assert model._graphs[(32, "cpu")].groups[0].index.dtype == torch.long  # only floats convert
     torch.testing.assert_close(model(x), before.double(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc")
+def test_a_memory_point_is_the_layers_own_under_a_large_parent():
+    """The benchmark measures each point's memory in a fresh process. Linux carries a parent's
+    peak resident size into a child it starts (ru_maxrss), so a child measuring its growth
+    from there read 0 MB for every point of a long sweep; the reading must be the child's."""
+    from minixl.experiments.segtree import _memory_point
+
+    held = torch.ones(800 * 2**20 // 4)  # this process holds more than the child will use
+    held.add_(1)
+    mb = _memory_point("dense-written", 1024, "cpu")
+    # 4 heads x 1024^2 float32 scores are 16 MB, and the backward keeps them and their softmax
+    assert 16 <= mb < held.numel() * 4 / 2**20

@@ -104,7 +104,7 @@ def _tiny(kind, **extra):
     sizes = {"char": dict(block_size=8, pos="per_layer"),
              "shaw": dict(block_size=8, max_relative=4),
              "xl": dict(d_head=16, tgt_len=8, mem_len=8), "xlnet": dict(seq_len=16, n_predict=4),
-             "segtree": dict(block_size=16, k=2)}[kind]
+             "segtree": dict(block_size=16)}[kind]
     k = KINDS[kind]
     cfg = k.config(**common, **{**sizes, **extra})
     torch.manual_seed(0)

@@ -1,6 +1,7 @@
-"""Checkers for Chapter 6's exercises (the SegTree Transformer): leaf_context,
-causal_tree_graph and gathered_attention, compared with the tree of minixl.segtree or
-with dense attention over the gathered nodes. Hand-written (not generated).
+"""Checkers for Chapter 6's exercises (the SegTree Transformer): leaf_context (the SegTree
+paper's minimal rule), bpt_context (BP-Transformer's k nodes per side and level),
+causal_tree_graph and gathered_attention, compared with the tree of minixl.segtree or with
+dense attention over the gathered nodes. Hand-written (not generated).
 """
 
 from __future__ import annotations
@@ -13,68 +14,126 @@ import torch
 from ._common import _call, _verdict
 
 
-_TREE_CASES = [(16, 7, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13, 12, 1), (100, 37, 2),
-               (1, 0, 1), (33, 20, 3)]
+_TREE_CASES = [(16, 7, 1), (16, 3, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13, 12, 1),
+               (100, 37, 2), (1, 0, 1), (2, 1, 1), (33, 20, 3)]
 
 
-def _reference_spans(n: int, i: int, k: int, causal: bool) -> list[tuple[int, int]]:
+def _spans(n: int, i: int, causal: bool, **rule) -> list[tuple[int, int]]:
     from .. import segtree
-    return sorted(segtree.node_span(n, level, p)
-                  for level, p, _ in segtree.leaf_context_loop(n, i, k=k, causal=causal))
+    return sorted(segtree.node_span(n, c.level, c.p)
+                  for c in segtree.leaf_context_loop(n, i, causal=causal, **rule))
+
+
+def _answer(fn: Callable, *args, **kwargs) -> tuple[list | None, str | None]:
+    """fn's spans, sorted as (first, last) pairs, or None and what was wrong."""
+    got, err = _call(fn, *args, **kwargs)
+    if err:
+        return None, err
+    try:
+        return sorted((int(a), int(b)) for a, b in got), None
+    except (TypeError, ValueError):
+        return None, f"expected a list of (first, last) pairs, got {got!r}"
+
+
+def _cover_hint(spans, n: int, i: int, causal: bool) -> str | None:
+    """What is wrong with spans as a cover of the leaf's context, or None if it is one."""
+    covered = [b for a, z in spans for b in range(a, z + 1)]
+    if any(z > n - 1 for _, z in spans):
+        return (f"a span ends past the last byte {n - 1}: when n is not a power of two, a "
+                "node's span is cut at n - 1.")
+    if causal and any(z > i for _, z in spans):
+        return ("a span reaches past the leaf: in the causal variant a leaf reads no right "
+                "neighbours and no node that covers a later byte.")
+    if len(covered) != len(set(covered)):
+        return ("spans overlap: a leaf reads each byte through exactly one node. An ancestor of "
+                "the leaf (or a node taken twice) covers bytes already covered.")
+    if sorted(covered) != list(range(i + 1 if causal else n)):
+        missing = sorted(set(range(i + 1 if causal else n)) - set(covered))
+        return (f"bytes {missing[:6]} are not covered: the spans together must cover "
+                + ("every byte up to the leaf." if causal else "the whole sequence."))
+    return None
+
+
+def _check_spans(name: str, cases: list[tuple], fn: Callable, want: Callable,
+                 hint: Callable) -> bool:
+    """Call fn(n, i, [k,] causal=...) for each case (n, i, [k,] causal); the first answer that
+    is not want(case) fails with hint(case, spans, wanted)."""
+    for case in cases:
+        *args, causal = case
+        where = f"for n={args[0]}, leaf {args[1]}" + (f", k={args[2]}" if len(args) > 2 else "") \
+            + (", causal" if causal else "")
+        spans, err = _answer(fn, *args[:2], **({"k": args[2]} if len(args) > 2 else {}),
+                             causal=causal)
+        if err:
+            return _verdict(name, f"{where}: {err}", len(cases))
+        wanted = want(case)
+        if spans != wanted:
+            return _verdict(name, f"{where}: {hint(case, spans, wanted)}", len(cases))
+    return _verdict(name, None, len(cases))
 
 
 def leaf_context(fn: Callable[..., list]) -> bool:
-    """Check fn(n, i, k=1, causal=False) -> the spans (first, last) of the nodes leaf i reads:
-    disjoint, covering 0..n-1 (0..i when causal), and exactly the tree's nodes."""
+    """Check fn(n, i, causal=False) -> the spans (first, last) of the nodes leaf i reads under
+    the SegTree rule: the smallest set that holds the leaf and its neighbours as nodes of their
+    own and whose spans are disjoint and cover the rest (0..n-1, or 0..i when causal)."""
+
+    def hint(case, spans, want):
+        n, i, causal = case
+        found = _cover_hint(spans, n, i, causal)
+        if found is not None:
+            return found
+        neighbours = [(j, j) for j in (i - 1, i, i + 1) if 0 <= j < n and not (causal and j > i)]
+        if spans == _spans(n, i, causal, rule="bpt", k=1):
+            return (f"that is BP-Transformer's rule at k = 1 ({len(spans)} nodes), not the "
+                    f"SegTree rule's minimal cover ({len(want)} nodes, {want}): where the block "
+                    "beside a leaf lines up with a bigger node, take that one node.")
+        if not set(neighbours) <= set(spans):
+            return (f"the leaf and its neighbouring leaves {neighbours} must be nodes of their "
+                    "own (the rule's condition 1), not parts of bigger spans.")
+        if len(spans) > len(want):
+            return (f"a valid cover, but not the smallest: {len(spans)} nodes where {len(want)} "
+                    f"do ({want}). Walk up from the covered block's edges and take a sibling only "
+                    "where the edge is not aligned to the level.")
+        return (f"the spans cover the sequence but are not the tree's nodes: expected {want}, "
+                f"got {spans}. Node p of level j covers [p 2^j, (p+1) 2^j - 1].")
+
+    cases = [(n, i, causal) for n, i, _ in _TREE_CASES for causal in (False, True)]
+    return _check_spans("leaf_context", cases, fn, lambda c: _spans(*c), hint)
+
+
+def bpt_context(fn: Callable[..., list]) -> bool:
+    """Check fn(n, i, k=1, causal=False) -> the spans (first, last) of the nodes leaf i reads
+    under BP-Transformer's rule: k nodes per side and level, with alignment nodes."""
+
+    def hint(case, spans, want):
+        n, i, k, causal = case
+        found = _cover_hint(spans, n, i, causal)
+        if found is not None and "not covered" in found:
+            return found + (" When the covered block's edge does not line up with the next "
+                            "level's nodes, one node of the level below must fill the gap "
+                            "before moving up.")
+        if found is not None:
+            return found
+        return (f"the spans cover the sequence but are not BPT's nodes: expected {want}, got "
+                f"{spans}. Align to the level before taking its k nodes on each side.")
+
     cases = [(n, i, k, causal) for n, i, k in _TREE_CASES for causal in (False, True)]
-    for n, i, k, causal in cases:
-        where = f"for n={n}, leaf {i}, k={k}{', causal' if causal else ''}"
-        got, err = _call(fn, n, i, k=k, causal=causal)
-        if err:
-            return _verdict("leaf_context", f"{where}: {err}", len(cases))
-        try:
-            spans = sorted((int(a), int(b)) for a, b in got)
-        except (TypeError, ValueError):
-            return _verdict("leaf_context", f"{where}: expected a list of (first, last) pairs, "
-                            f"got {got!r}", len(cases))
-        want = _reference_spans(n, i, k, causal)
-        if spans == want:
-            continue
-        covered = [b for a, z in spans for b in range(a, z + 1)]
-        if any(z > n - 1 for _, z in spans):
-            hint = (f"a span ends past the last byte {n - 1}: when n is not a power of two, "
-                    "a node's span is cut at n - 1.")
-        elif causal and any(z > i for _, z in spans):
-            hint = ("a span reaches past the leaf: in the causal variant a leaf reads no right "
-                    "neighbours and no node that covers a later byte.")
-        elif len(covered) != len(set(covered)):
-            hint = ("spans overlap: a leaf reads each byte through exactly one node. An ancestor "
-                    "of the leaf (or a node taken twice) covers bytes already covered.")
-        elif sorted(covered) != list(range(i + 1 if causal else n)):
-            missing = sorted(set(range(i + 1 if causal else n)) - set(covered))
-            hint = (f"bytes {missing[:6]} are not covered: when the covered block's edge does not "
-                    "line up with the next level's nodes, one node of the level below must fill "
-                    "the gap before moving up.")
-        else:
-            hint = (f"the spans cover the sequence but are not the tree's nodes: expected "
-                    f"{want}, got {spans}. Node p of level j covers [p 2^j, (p+1) 2^j - 1]; "
-                    "align to the level before taking its k nodes.")
-        return _verdict("leaf_context", f"{where}: {hint}", len(cases))
-    return _verdict("leaf_context", None, len(cases))
+    return _check_spans("bpt_context", cases, fn,
+                        lambda c: _spans(c[0], c[1], c[3], rule="bpt", k=c[2]), hint)
 
 
-def causal_tree_graph(fn: Callable[[int, int], torch.Tensor]) -> bool:
-    """Check fn(n, k) -> bool [N, N] over all nodes (leaves 0..n-1, then each level in turn):
-    leaves read themselves and their causal context, internal nodes themselves and the
-    leaves under them."""
+def causal_tree_graph(fn: Callable[[int], torch.Tensor]) -> bool:
+    """Check fn(n) -> bool [N, N] over all nodes (leaves 0..n-1, then each level in turn) for
+    the SegTree rule: leaves read themselves and their causal context, internal nodes the
+    leaves under them (not themselves)."""
     from .. import segtree
-    cases = [(16, 1), (11, 1), (33, 2), (1, 1), (7, 3)]
-    for n, k in cases:
-        where = f"for n={n}, k={k}"
-        got, err = _call(fn, n, k)
+    cases = [16, 11, 33, 1, 7, 2]
+    for n in cases:
+        where = f"for n={n}"
+        got, err = _call(fn, n)
         if err:
             return _verdict("causal_tree_graph", f"{where}: {err}", len(cases))
-        graph = segtree.segtree_graph(n, k, causal=True)
+        graph = segtree.segtree_graph(n, causal=True)
         want = segtree.graph_mask(graph)[0]
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or got.shape != want.shape:
             return _verdict("causal_tree_graph", f"{where}: expected a bool tensor of shape "
@@ -86,8 +145,11 @@ def causal_tree_graph(fn: Callable[[int, int], torch.Tensor]) -> bool:
         spans = torch.tensor([segtree.node_span(n, level, p) for level, size in
                               enumerate(graph.sizes) for p in range(size)])
         extra, missing = got & ~want, want & ~got
-        if not got.diagonal().all():
-            hint = "a node does not read itself: every node has a self edge."
+        if not got.diagonal()[:n].all():
+            hint = "a leaf does not read itself: every leaf has a self edge."
+        elif got.diagonal()[n:].any():
+            hint = ("an internal node reads itself: in the SegTree paper an internal node's only "
+                    "predecessors are the leaves under it.")
         elif extra[:n].any():
             i, j = extra[:n].nonzero()[0].tolist()
             hint = (f"leaf {i} reads node {j} (bytes {spans[j].tolist()}), which it must not: "
@@ -96,7 +158,7 @@ def causal_tree_graph(fn: Callable[[int, int], torch.Tensor]) -> bool:
         elif extra[n:].any():
             i, j = extra[n:].nonzero()[0].tolist()
             hint = (f"internal node {n + i} (bytes {spans[n + i].tolist()}) reads node {j}: an "
-                    "internal node reads only itself and the leaves under it.")
+                    "internal node reads only the leaves under it.")
         else:
             i, j = missing.nonzero()[0].tolist()
             hint = (f"node {i} should read node {j} (bytes {spans[j].tolist()}) but does not: "

@@ -266,10 +266,47 @@ register(Experiment(
      "hf_tokens_per_s", "ratio")))
 
 register(Experiment(
-    "segtree_cost", "minixl.experiments.segtree:segtree_cost", "book/segtree_cost.csv",
-    "Chapter 6: one attention layer (the tree, dense written out, dense fused) against its "
-    "length, forward + backward, each point in a fresh process",
-    (Option("max_n", int, 4096, "the longest input, from min-n doubling"),
-     Option("min_n", int, 256, "the shortest input"),
-     Option("repeats", int, 3, "timed runs per point"), DEVICE),
-    ("method", "n", "seconds", "peak_mb"), report="minixl.experiments.segtree:slopes"))
+    "segtree", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
+    "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
+    "written out) against n, interleaved rounds in one process, peak memory per point in "
+    "a fresh one",
+    (Option("max_n", int, 65536, "the longest input, from min-n doubling"),
+     Option("min_n", int, 1024, "the shortest input"),
+     Option("rounds", int, 3, "interleaved rounds (every method once per round)"),
+     Option("methods", str, "segtree,segtree-gathered,dense-fused,dense-written,"
+            "segtree-projections", "comma-separated layers to measure"), DEVICE),
+    ("method", "n", "seconds", "median_seconds", "peak_mb"),
+    report="minixl.experiments.segtree:bench_report"))
+
+register(Experiment(
+    "segtree_quality", "minixl.experiments.segtree:segtree_quality", "book/segtree_quality.csv",
+    "Chapter 6.8: held-out bpc of dense, Shaw and SegTree (pre- and post-norm) models at "
+    "windows 256 to 1,024, 3 seeds",
+    (Option("windows", str, "256,512,1024", "comma-separated window lengths"),
+     Option("arms", str, "dense,shaw,segtree,segtree-post", "comma-separated models"),
+     Option("post_windows", str, "256", "the windows at which segtree-post (the paper's "
+            "post-norm block) runs"),
+     Option("shaw_windows", str, "256,512,1024", "the windows at which shaw runs"), _SEEDS,
+     Option("steps", int, 150, "optimiser steps per run"),
+     Option("batch_size", int, 4, "windows per step"),
+     Option("lr", float, 3e-3, "peak learning rate"),
+     Option("max_relative", int, 64, "the Shaw model's clipping distance"),
+     Option("eval_bytes", int, 32768, "held-out bytes scored at the end of each run"),
+     _THREADS),
+    ("arm", "window", "seed", "params", "valid_bpc", "train_seconds")))
+
+register(Experiment(
+    "segtree_reach", "minixl.experiments.segtree:segtree_reach", "book/segtree_reach.csv",
+    "Chapter 6.9: reach through the tree's summaries (a flag question, and recall of 6 "
+    "letters) against dense models with a short and a full window",
+    (Option("window", int, 512, "the SegTree model's window (and the long dense one's)"),
+     Option("filler", int, 120, "dots between the two copies (distance = filler + 8)"),
+     Option("dense_window", int, 64, "the short dense model's window"),
+     Option("steps", int, 600, "optimiser steps per recall run"),
+     Option("question_steps", int, 800, "optimiser steps per flag-question run"),
+     Option("batch_size", int, 8, "windows of `window` bytes per step (the short model gets "
+            "as many bytes in shorter windows)"),
+     Option("lr", float, 3e-3, "peak learning rate"),
+     Option("seeds", str, "0", "comma-separated seeds"), _THREADS),
+    ("task", "arm", "window", "distance", "accuracy", "accuracy_near", "accuracy_far",
+     "bits")))

@@ -1,57 +1,326 @@
-"""Chapter 6's experiment: the cost of one attention layer (SegTree, dense written out, dense
-fused) against its length.
+"""Chapter 6's experiments: the cost of one attention layer (the SegTree fast path and its
+gathered path against dense attention, fused and written out), quality at equal size and
+budget (dense, Shaw, SegTree pre- and post-norm), and reach through the tree's summaries.
 
-Hand-written (not generated): an entry of the registry of runs (`minixl.experiments`);
-Chapter 6 plots the stored CSV and names the command that made it.
+Hand-written (not generated): entries of the registry of runs (`minixl.experiments`);
+Chapter 6 plots the stored CSVs and names the commands that made them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
+import time
 
-__all__ = ["segtree_cost", "slopes"]
+import torch
+
+from . import int_list, keep_row
+
+__all__ = ["segtree_bench", "bench_report", "segtree_quality", "flag_batch", "flag_question",
+           "recall_records", "segtree_reach"]
+
+# Beyond these lengths a method is left out of the sweep: dense attention written out needs
+# n^2 floats per head (16 GB at 32,768), the gathered path ~1 GB at 16,384.
+LONGEST = {"dense-written": 8192, "segtree-gathered": 16384}
 
 
-def segtree_cost(max_n: int = 4096, min_n: int = 256, repeats: int = 3,
-                 device: str = "auto") -> list[dict]:
-    """Every method of `minixl.segtree.attention_layer_cost` at n = min_n, 2 min_n, ...,
-    max_n, each point in a fresh process, so that the peak memory it reports is the
-    layer's own."""
+def _memory_point(method: str, n: int, device: str) -> float:
+    """Peak memory (MB) of one forward + backward of `method` at n, in a fresh process."""
+    code = ("import json; from minixl.segtree import attention_layer_cost; print(json.dumps("
+            f"attention_layer_cost({method!r}, {n}, repeats=1, device={device!r})))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{method} at n={n} failed: {last}")
+    return json.loads(r.stdout.strip().splitlines()[-1])["peak_mb"]
+
+
+def segtree_bench(max_n: int = 65536, min_n: int = 1024, rounds: int = 3,
+                  methods: str = "segtree,segtree-gathered,dense-fused,dense-written,"
+                                 "segtree-projections",
+                  device: str = "auto") -> list[dict]:
+    """At n = min_n, 2 min_n, ..., max_n: every method's time in one process, in interleaved
+    rounds on the same input size (the fastest round and the median), and its peak memory,
+    measured in a fresh process per point so that it is the layer's own."""
     from ..device import resolve_device
-    from ..segtree import LAYER_METHODS
+    from ..segtree import LAYER_METHODS, interleaved_times, layer_step
 
-    if min_n < 2 or max_n < min_n:
-        raise ValueError(f"need 2 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in LAYER_METHODS]
+    if unknown or not names:
+        raise ValueError(f"unknown method(s) {', '.join(unknown) or repr(methods)}: expected "
+                         f"comma-separated names among {', '.join(LAYER_METHODS)}")
+    if min_n < 2 or max_n < min_n or rounds < 1:
+        raise ValueError(f"need 2 <= min_n <= max_n and rounds >= 1, got min_n={min_n}, "
+                         f"max_n={max_n}, rounds={rounds}")
     sizes = [min_n << i for i in range(int(math.log2(max_n // min_n)) + 1)]
-    device = str(resolve_device(device))
+    dev = str(resolve_device(device))
+    name = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else "cpu"
     rows = []
     for n in sizes:
-        for method in LAYER_METHODS:
-            code = ("import json; from minixl.segtree import attention_layer_cost; print(json.dumps("
-                    f"attention_layer_cost({method!r}, {n}, repeats={repeats}, "
-                    f"device={device!r})))")
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-            if r.returncode != 0:
-                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-                raise RuntimeError(f"{method} at n={n} failed: {last}")
-            rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        here = [m for m in names if n <= LONGEST.get(m, n)]
+        times = interleaved_times({m: layer_step(m, n, device=dev) for m in here}, rounds)
+        for m in here:
+            keep_row(rows, {"method": m, "n": n, "seconds": min(times[m]),
+                            "median_seconds": statistics.median(times[m]), "rounds": rounds,
+                            "peak_mb": _memory_point(m, n, dev), "device": name,
+                            "threads": torch.get_num_threads(), "torch": torch.__version__})
     return rows
 
 
-def slopes(rows: list[dict]) -> str:
-    """Per method, its times by n and the fitted slope of log time against log n."""
+GOALS = ("at n = 16,384 at least 5x faster than dense fused, with at most 2x its peak memory; "
+         "faster than it from n = 2,048; time slope at most 1.2 from 1,024 up")
+
+
+def bench_report(rows: list[dict]) -> str:
+    """Per n: the SegTree layer's speed-up and memory against dense fused; its fitted slope;
+    each goal met or not."""
     from ..segtree import loglog_slope
 
-    lines = [f"one causal attention layer (width 64, 4 heads; segtree k = 1), forward + "
-             f"backward on {rows[0]['device']}:"]
-    for method in dict.fromkeys(r["method"] for r in rows):
-        mine = [r for r in rows if r["method"] == method]
-        cells = "  ".join(f"n={r['n']}: {1e3 * r['seconds']:.1f} ms, {r['peak_mb']:.0f} MB"
-                          for r in mine)
-        slope = (f"  (slope {loglog_slope([r['n'] for r in mine], [r['seconds'] for r in mine]):.2f})"
-                 if len(mine) > 1 else "")
-        lines.append(f"  {method}: {cells}{slope}")
+    def of(method):
+        return {r["n"]: r for r in rows if r["method"] == method}
+
+    tree, sdpa = of("segtree"), of("dense-fused")
+    shared = sorted(set(tree) & set(sdpa))
+    lines = [f"one causal attention layer (width 64, 4 heads, batch 1), forward + backward, "
+             f"on {rows[0]['device']}; the fastest of {rows[0]['rounds']} interleaved rounds:"]
+    for n in shared:
+        lines.append(f"  n={n}: dense fused / segtree time {sdpa[n]['seconds'] / tree[n]['seconds']:.2f}x, "
+                     f"segtree / dense fused peak memory {tree[n]['peak_mb'] / max(sdpa[n]['peak_mb'], 1e-9):.2f}x")
+    long = sorted(n for n in tree if n >= 1024)
+    if len(long) > 1:
+        slope = loglog_slope(long, [tree[n]["seconds"] for n in long])
+        lines.append(f"  segtree time slope over n = {long[0]}..{long[-1]}: {slope:.2f} "
+                     f"(goal <= 1.2: {'met' if slope <= 1.2 else 'NOT met'})")
+    if 16384 in shared:
+        speed = sdpa[16384]["seconds"] / tree[16384]["seconds"]
+        mem = tree[16384]["peak_mb"] / max(sdpa[16384]["peak_mb"], 1e-9)
+        lines.append(f"  at 16,384: {speed:.1f}x faster (goal >= 5: "
+                     f"{'met' if speed >= 5 else 'NOT met'}), {mem:.2f}x the memory (goal <= 2: "
+                     f"{'met' if mem <= 2 else 'NOT met'})")
+    faster = [n for n in shared if n >= 2048]
+    if faster:
+        ok = all(tree[n]["seconds"] < sdpa[n]["seconds"] for n in faster)
+        lines.append(f"  faster than dense fused at every n >= 2,048 measured: "
+                     f"{'met' if ok else 'NOT met'}")
+    floor = of("segtree-projections")
+    if 16384 in floor and 16384 in sdpa:
+        lines.append(f"  the SegTree layer without its attention (projections over 2n - 1 "
+                     f"nodes) already takes {floor[16384]['peak_mb'] / max(sdpa[16384]['peak_mb'], 1e-9):.2f}x "
+                     f"the dense layer's peak memory at 16,384")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- quality
+
+SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256)
+
+
+def _arm(name: str, window: int, max_relative: int):
+    from ..char_transformer import CharTransformer, CharTransformerConfig
+    from ..relative_attention import shaw_factory
+    from ..segtree import SegTreeConfig, SegTreeTransformer
+
+    if name == "dense":
+        return CharTransformer(CharTransformerConfig(**SMALL, block_size=window))
+    if name == "shaw":
+        return CharTransformer(CharTransformerConfig(**SMALL, block_size=window, pos="none"),
+                               attention=shaw_factory(max_relative))
+    if name in ("segtree", "segtree-post"):
+        return SegTreeTransformer(SegTreeConfig(**SMALL, block_size=window,
+                                                norm="post" if name.endswith("post") else "pre"))
+    raise ValueError(f"unknown arm {name!r}: expected dense, shaw, segtree or segtree-post")
+
+
+def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtree,segtree-post",
+                    post_windows: str = "256", shaw_windows: str = "256,512,1024",
+                    seeds: str = "0,1,2", steps: int = 150,
+                    batch_size: int = 4,
+                    lr: float = 3e-3, max_relative: int = 64, eval_bytes: int = 32768,
+                    threads: int = 1) -> list[dict]:
+    """Held-out bpc of 2-layer, width-64 models trained alike (the same steps, windows and
+    bytes per step) at each window, per arm and seed: Chapter 1's dense model (learned
+    absolute positions), Chapter 3's Shaw model (relative positions clipped at
+    max_relative, no absolute ones; at the windows in shaw_windows), and the SegTree model
+    (pre-norm, and post-norm at the windows in post_windows only: one measurement of the
+    paper's block)."""
+    from ..char_transformer import evaluate_bpc
+    from ..data import RandomWindows, load_corpus
+    from ..training import TrainConfig, train
+
+    torch.set_num_threads(threads)
+    names = [a.strip() for a in arms.split(",") if a.strip()]
+    corpus = load_corpus("pydoc")
+    held = corpus.valid[:eval_bytes]
+    only = {"segtree-post": int_list(post_windows, "post-windows", 2),
+            "shaw": int_list(shaw_windows, "shaw-windows", 2)}
+    rows = []
+    for window in int_list(windows, "windows", 2):
+        for seed in int_list(seeds, "seeds", 0):
+            for name in names:
+                if window not in only.get(name, [window]):
+                    continue
+                torch.manual_seed(seed)
+                model = _arm(name, window, max_relative)
+                t0 = time.perf_counter()
+                train(model, TrainConfig(steps=steps, batch_size=batch_size, lr=lr,
+                                         warmup=steps // 10, seed=seed),
+                      batches=RandomWindows(corpus.train, batch_size, window, seed=seed),
+                      progress=False)
+                seconds = time.perf_counter() - t0
+                keep_row(rows, {"arm": name, "window": window, "seed": seed, "steps": steps,
+                                "batch_size": batch_size,
+                                "params": sum(p.numel() for p in model.parameters()),
+                                "valid_bpc": evaluate_bpc(model, held, seq_len=window),
+                                "train_seconds": seconds})
+    return rows
+
+
+# ---------------------------------------------------------------- reach
+
+def flag_batch(batch_size: int, n: int, generator: torch.Generator):
+    """Sequences [B, n] of dots and 20% random letters with one flag, X or O, at a random
+    position; the labels [B] (1 = X) and the flags' positions [B]."""
+    x = torch.full((batch_size, n), ord("."))
+    noise = torch.rand(batch_size, n, generator=generator) < 0.2
+    letters = torch.randint(ord("a"), ord("z") + 1, (batch_size, n), generator=generator)
+    x = torch.where(noise, letters, x)
+    where = torch.randint(n, (batch_size,), generator=generator)
+    label = torch.randint(2, (batch_size,), generator=generator)
+    x[torch.arange(batch_size), where] = torch.where(label == 1, ord("X"), ord("O"))
+    return x, label, where
+
+
+def flag_question(batch_size: int, n: int, generator: torch.Generator):
+    """flag_batch over n - 1 bytes and a '?': the answer, the flag's byte, is the target of
+    the last position [B]; distance [B] is how far back the flag sits from the '?'."""
+    x, label, where = flag_batch(batch_size, n - 1, generator)
+    x = torch.cat([x, torch.full((batch_size, 1), ord("?"))], 1)
+    return x, torch.where(label == 1, ord("X"), ord("O")), n - 1 - where
+
+
+def recall_records(n_records: int, *, filler: int, word: int = 6, seed: int = 0):
+    """Records '#' + word random letters + '\\n' + filler dots + '\\n' + the same letters +
+    '\\n', as one byte tensor; and the positions of the second copy's letters."""
+    g = torch.Generator().manual_seed(seed)
+    letters = torch.randint(ord("a"), ord("z") + 1, (n_records, word), generator=g)
+    head, nl = torch.tensor([ord("#")]), torch.tensor([10])
+    dots = torch.full((filler,), ord("."))
+    data = torch.cat([torch.cat([head, w, nl, dots, nl, w, nl]) for w in letters]).to(torch.uint8)
+    size = len(data) // n_records
+    second = torch.arange(n_records)[:, None] * size + (size - word - 1) + torch.arange(word)
+    return data, second.flatten()
+
+
+@torch.no_grad()
+def _recall_scores(model, data, second, window, word):
+    """Bits and accuracy on the recall letters: for each record, one window of `window`
+    bytes ending at its last letter (the first copy is then inside the window when the
+    window is longer than the distance), scored at its `word` letters."""
+    ends = second.view(-1, word)[:, -1]
+    ends = ends[ends >= window]  # records with a full window before them
+    x = torch.stack([data[e - window + 1:e + 1] for e in ends]).long()
+    bits, right = [], []
+    for chunk in x.split(64):
+        logits = model(chunk[:, :-1])[:, -word:]  # predicts the last `word` bytes
+        target = chunk[:, -word:]
+        bits.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                                      reduction="none") / math.log(2))
+        right.append((logits.argmax(-1) == target).flatten().float())
+    return torch.cat(bits).mean().item(), torch.cat(right).mean().item(), len(ends)
+
+
+REACH_COLUMNS = ("task", "arm", "window", "seed", "steps", "distance", "accuracy",
+                 "accuracy_near", "accuracy_far", "bits", "cases")
+
+
+def _reach_row(**values) -> dict:
+    """A row of segtree_reach: every column, None where a task has no such value."""
+    return {c: values.get(c) for c in REACH_COLUMNS}
+
+
+def _question_rows(arms: dict, steps: int, seed: int, n: int = 64) -> list[dict]:
+    """Train each arm to answer the flag question from the last position only (the loss is
+    the answer's), then its accuracy on 2,048 held-out questions, by the flag's distance."""
+    rows = []
+    for name, (window, build) in arms.items():
+        torch.manual_seed(seed)
+        model = build()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            x, y, _ = flag_question(16, n, g)
+            loss = torch.nn.functional.cross_entropy(model(x[:, -window:])[:, -1], y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        x, y, distance = flag_question(2048, n, torch.Generator().manual_seed(10_000 + seed))
+        with torch.no_grad():
+            logits = model.eval()(x[:, -window:])[:, -1]
+        right = (torch.where(logits[:, ord("X")] > logits[:, ord("O")], ord("X"), ord("O")) == y)
+        keep_row(rows, _reach_row(task="flag question", arm=name, window=window, seed=seed,
+                                  steps=steps, distance="1-63",
+                                  accuracy=right.float().mean().item(),
+                                  accuracy_near=right[distance <= 2].float().mean().item(),
+                                  accuracy_far=right[distance > 16].float().mean().item(),
+                                  cases=len(y)))
+    return rows
+
+
+def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
+                  steps: int = 600, question_steps: int = 800, batch_size: int = 8,
+                  lr: float = 3e-3, seeds: str = "0", threads: int = 1) -> list[dict]:
+    """Reach through the tree's summaries, two tasks. The flag question: 63 bytes with one
+    flag X or O, then '?', whose answer is the flag; trained on the answer alone. A causal
+    leaf reads a flag more than 2 bytes back only through internal nodes: the SegTree model
+    (2 layers, and 1 layer, where the nodes it reads hold no summary yet) against Chapter
+    1's dense model over the last 16 bytes and over all 64. The recall task: records whose
+    second copy of 6 letters sits
+    filler + 8 bytes after the first. The causal SegTree model over `window` bytes (a leaf
+    reads at most 2 log2(window) + 3 nodes) against Chapter 1's dense model over
+    dense_window bytes (each byte reads up to dense_window others, too few to reach the first
+    copy when the distance is longer) and over `window` bytes (reaches it, at the dense
+    cost). Bits and accuracy on the second copy's letters, per arm and seed."""
+    from ..char_transformer import CharTransformer, CharTransformerConfig
+    from ..data import RandomWindows
+    from ..segtree import SegTreeConfig, SegTreeTransformer
+    from ..training import TrainConfig, train
+
+    torch.set_num_threads(threads)
+    word = 6
+    train_data, _ = recall_records(4000, filler=filler, seed=0)
+    valid_data, second = recall_records(400, filler=filler, seed=1)
+    arms = {"segtree": (window, lambda: SegTreeTransformer(SegTreeConfig(**SMALL,
+                                                                          block_size=window))),
+            f"dense, window {dense_window}": (dense_window, lambda: CharTransformer(
+                CharTransformerConfig(**SMALL, block_size=dense_window))),
+            f"dense, window {window}": (window, lambda: CharTransformer(
+                CharTransformerConfig(**SMALL, block_size=window)))}
+    def tree(**kw):
+        return lambda: SegTreeTransformer(SegTreeConfig(**dict(SMALL, **kw), block_size=64))
+
+    def dense(w):
+        return lambda: CharTransformer(CharTransformerConfig(**SMALL, block_size=w))
+
+    rows = []
+    for seed in int_list(seeds, "seeds", 0):
+        rows += _question_rows({"segtree": (64, tree()), "segtree, 1 layer": (64, tree(n_layer=1)),
+                                "dense, window 16": (16, dense(16)),
+                                "dense, window 64": (64, dense(64))}, question_steps, seed)
+    for seed in int_list(seeds, "seeds", 0):
+        for name, (w, build) in arms.items():
+            torch.manual_seed(seed)
+            model = build()
+            train(model, TrainConfig(steps=steps, batch_size=batch_size * window // w, lr=lr,
+                                     warmup=steps // 10, seed=seed),
+                  batches=RandomWindows(train_data, batch_size * window // w, w, seed=seed),
+                  progress=False)
+            model.eval()
+            bits, acc, records = _recall_scores(model, valid_data, second, w, word)
+            keep_row(rows, _reach_row(task="recall", arm=name, window=w, seed=seed, steps=steps,
+                                      distance=str(filler + word + 2), accuracy=acc, bits=bits,
+                                      cases=records * word))
+    return rows
