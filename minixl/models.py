@@ -49,7 +49,9 @@ def model_from_checkpoint(ckpt: dict | str | Path) -> nn.Module:
                               f"expected one of {', '.join(KINDS)})")
     kind = KINDS[name]
     try:
-        model = kind.build(kind.config(**ckpt["model_config"]))
+        # a field the checkpoint predates: the value it meant (config.LEGACY), else the default
+        saved = {**getattr(kind.config, "LEGACY", {}), **ckpt["model_config"]}
+        model = kind.build(kind.config(**saved))
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"the checkpoint's weights do not fit its --model {name} config: "

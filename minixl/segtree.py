@@ -567,6 +567,9 @@ class SegTreeConfig:
     causal: bool = True
     n_classes: int = 0
     dropout: float = 0.0
+    # A checkpoint written before a field existed meant this value of it (the first edition
+    # had only BPT's rule); a field missing here has its default.
+    LEGACY = {"rule": "bpt"}
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_inner", "block_size", "k"):

@@ -419,6 +419,26 @@ def test_segtree_trains_evaluates_and_refuses_a_model_that_is_not_causal(segtree
     assert (config["rule"], config["k"]) == ("bpt", 2)
 
 
+def test_a_segtree_checkpoint_from_before_the_rule_existed_loads_as_bpt(segtree_run, copy_run,
+                                                                          small_corpus, capsys):
+    """The first edition had only BPT's rule and wrote no `rule`: such a checkpoint is read
+    as BPT's (not as the SegTree rule, whose edge types would silently differ), by eval and by
+    --resume, which names the change when the command line asks for the other rule."""
+    from minixl.models import model_from_checkpoint
+    run = copy_run(segtree_run)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    del ckpt["model_config"]["rule"]
+    torch.save(ckpt, run / "checkpoint.pt")
+    assert model_from_checkpoint(run / "checkpoint.pt").config.rule == "bpt"
+    assert model_from_checkpoint(segtree_run / "checkpoint.pt").config.rule == "segtree"
+    assert main(["eval", "--checkpoint", str(run / "checkpoint.pt"), "--device", "cpu",
+                 "--protocol", "sliding", "--seq-len", "16", "--stride", "8"]) == 0
+    capsys.readouterr()
+    assert main(train_args("segtree", run, 9, "--corpus", str(small_corpus), "--resume",
+                           "--allow-change", "steps")) == 2
+    assert "model.rule" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- paper-scale presets
 
 from minixl.models import paper_presets  # noqa: E402

@@ -40,7 +40,7 @@ TINY = {
     "hf-xl": (["--preset", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0",
                "--rounds", "1", "--device", "cpu"],
               ["preset", "device", "torch", "transformers", "dtype"]),
-    "segtree": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
+    "segtree_cost": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
                 ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
     "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",
                          "16", "--shaw-windows", "16", "--eval-bytes", "256"],
@@ -149,14 +149,14 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert [r["chosen"] for r in rows] == ["gathered", "gathered", "bucket", "bucket"]
     assert "| T | max_relative |" in capsys.readouterr().out
 
-    rows = run("segtree")
+    rows = run("segtree_cost")
     methods = ["segtree", "segtree-gathered", "dense-fused", "dense-written", "segtree-projections"]
     assert [(r["method"], int(r["n"])) for r in rows] == [(m, n) for n in (64, 128) for m in methods]
     assert all(0 < float(r["seconds"]) <= float(r["median_seconds"]) for r in rows)
     assert all(float(r["peak_mb"]) >= 0 for r in rows) and {r["device"] for r in rows} == {"cpu"}
     text = capsys.readouterr().out
     assert "n=128: dense fused / segtree time" in text and "time slope over n = " not in text
-    rows = run("segtree", "--methods", "segtree,dense-fused", "--min-n", "1024", "--max-n", "2048")
+    rows = run("segtree_cost", "--methods", "segtree,dense-fused", "--min-n", "1024", "--max-n", "2048")
     assert {r["method"] for r in rows} == {"segtree", "dense-fused"}
     assert "segtree time slope over n = 1024..2048" in capsys.readouterr().out
 
@@ -197,8 +197,8 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     (["positions", "--depths", "0"], "--depths needs at least one integer"),
     (["xl_eval_speed", "--lengths", "2"], "every length >= tgt_len"),
     (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
-    (["segtree", "--max-n", "128"], "need 2 <= min_n <= max_n"),
-    (["segtree", "--methods", "segtree,tree"], "unknown method(s) tree"),
+    (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
+    (["segtree_cost", "--methods", "segtree,tree"], "unknown method(s) tree"),
     (["models", "--models", "nope"], "unknown model 'nope'"),
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
 ])

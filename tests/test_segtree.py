@@ -16,8 +16,8 @@ from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTre
                             node_span, segtree_attention_dense, segtree_graph, tree_attention,
                             tree_attention_dense, tree_sizes)
 
-SIZES = list(range(1, 71)) + [100, 127, 128, 129, 257]
-RULES = [("segtree", 1), ("bpt", 1), ("bpt", 2), ("bpt", 3), ("bpt", 5)]
+SIZES = list(range(1, 71)) + [100, 127, 128, 129, 150, 199, 200, 257]
+RULES = [("segtree", 1), ("bpt", 1), ("bpt", 2), ("bpt", 3), ("bpt", 4), ("bpt", 5)]
 
 
 def offsets(n):
@@ -82,6 +82,29 @@ def test_the_segtree_rule_is_the_smallest_cover():
                 assert len(got) == smallest_cover(n, i, causal), (n, i, causal)
                 bigger += len(leaf_context_loop(n, i, rule="bpt", causal=causal)) > len(got)
     assert bigger > 0
+
+
+def test_no_subset_of_tree_nodes_beats_the_segtree_rule_for_small_n():
+    """A literal search over node subsets (n <= 9, every leaf, both modes): no set of fewer
+    nodes than the rule's holds the leaf and its neighbours as nodes of their own and covers
+    the context with disjoint spans; the rule's own set does."""
+    from itertools import combinations
+    for n in range(1, 10):
+        nodes = [node_span(n, lv, p) for lv, size in enumerate(tree_sizes(n)) for p in range(size)]
+        for causal in (False, True):
+            for i in range(n):
+                end = i + 1 if causal else n
+                fixed = {(j, j) for j in (i - 1, i, i + 1) if 0 <= j < end}
+
+                def is_cover(chosen):
+                    covered = sorted(b for a, z in chosen for b in range(a, z + 1))
+                    return fixed <= set(chosen) and covered == list(range(end))
+
+                got = [node_span(n, c.level, c.p) for c in leaf_context_loop(n, i, causal=causal)]
+                assert is_cover(got), (n, i, causal)
+                inside = sorted(set(s for s in nodes if s[1] < end))
+                assert not any(is_cover(c) for m in range(1, len(got))
+                               for c in combinations(inside, m)), (n, i, causal)
 
 
 def test_the_examples_of_the_issue_and_the_reference():

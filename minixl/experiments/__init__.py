@@ -266,7 +266,7 @@ register(Experiment(
      "hf_tokens_per_s", "ratio")))
 
 register(Experiment(
-    "segtree", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
+    "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
     "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
     "written out) against n, interleaved rounds in one process, peak memory per point in "
     "a fresh one",

@@ -140,9 +140,11 @@ class RunFolder:
             return {"ckpt": None, "changed": {}, "cfg": asdict(self.cfg)}
         ckpt = load_checkpoint(self.ckpt, for_resume=True)
         model_config = asdict(self.model.config)
-        # a setting added to the model since the checkpoint was written has its default there
-        saved_model = {f.name: f.default for f in fields(self.model.config)
-                       if f.default is not MISSING} | ckpt["model_config"]
+        # a setting added to the model since the checkpoint was written: the value the
+        # checkpoint meant (the config's LEGACY), else its default
+        saved_model = ({f.name: f.default for f in fields(self.model.config)
+                        if f.default is not MISSING}
+                       | getattr(type(self.model.config), "LEGACY", {}) | ckpt["model_config"])
         saved_meta = dict(ckpt["meta"])
         if "objective" not in self.meta and saved_meta.get("objective") == LEGACY_OBJECTIVE:
             del saved_meta["objective"]
