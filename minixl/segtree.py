@@ -374,7 +374,10 @@ class _TreeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, rel, n, causal, dropout):
         plan = _plan(n, causal, str(qkv.device))
-        q, k, v = (qkv[:, :, c].transpose(1, 2) for c in range(3))  # (B, H, N, D) views
+        # one contiguous copy, kept for the backward pass in place of qkv: every product
+        # below then runs on contiguous rows
+        qkv = qkv.permute(2, 0, 3, 1, 4).contiguous()  # (3, B, H, N, D)
+        q, k, v = qkv
         B, H, N, D = q.shape
         scale = 1 / math.sqrt(D)
         ql, kl, vl = q[:, :, :n], k[:, :, :n], v[:, :, :n]
@@ -409,11 +412,11 @@ class _TreeAttention(torch.autograd.Function):
             G = plan.sizes[level]
             qn = plan.level(q, level)[..., None, :]  # (B, H, G, 1, D)
             kb, vb = (plan.blocks(t, level)[:, :, :G] for t in (kp, vp))
-            sc = (qn @ kb.transpose(-1, -2)).squeeze(-2) * scale  # (B, H, G, 2^level)
+            # (products and sums, not matmul: a batch of G tiny matrices is slow on the CPU)
+            sc = (qn * kb).sum(-1) * scale  # (B, H, G, 2^level)
             wl = torch.softmax(sc.masked_fill(plan.padding(level, G), float("-inf")), -1)
             dl = _dropout_mask(wl, dropout)
-            plan.level(out, level)[:] = ((wl if dl is None else wl * dl)[..., None, :] @ vb
-                                         ).squeeze(-2)
+            plan.level(out, level)[:] = ((wl if dl is None else wl * dl)[..., None] * vb).sum(-2)
             ws.append(wl)
             drops.append(dl)
         ctx.save_for_backward(qkv, rel, w, *ws)
@@ -423,15 +426,15 @@ class _TreeAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        qkv, rel, w, *ws = ctx.saved_tensors
+        qkv, rel, w, *ws = ctx.saved_tensors  # qkv: the contiguous (3, B, H, N, D) copy
         drop, drops = ctx.drops
         n = ctx.n
         plan = _plan(n, ctx.causal, str(qkv.device))
-        q, k, v = (qkv[:, :, c].transpose(1, 2) for c in range(3))
+        q, k, v = qkv
         B, H, N, D = q.shape
         scale = 1 / math.sqrt(D)
-        dqkv = torch.zeros_like(qkv)
-        dq, dk, dv = (dqkv[:, :, c].transpose(1, 2) for c in range(3))
+        dqkv = qkv.new_zeros(3, B, H, N, D)
+        dq, dk, dv = dqkv
         ql, kl, vl = q[:, :, :n], k[:, :, :n], v[:, :, :n]
         kp, vp = plan.padded(kl), plan.padded(vl)
         if n == plan.P:  # the leaves' gradients, written in place
@@ -486,18 +489,18 @@ class _TreeAttention(torch.autograd.Function):
             qn = plan.level(q, level)[..., None, :]
             kb, vb = (plan.blocks(t, level)[:, :, :G] for t in (kp, vp))
             don = plan.level(dout, level)[..., None, :]  # (B, H, G, 1, D)
-            dwl = (don @ vb.transpose(-1, -2)).squeeze(-2)
+            dwl = (don * vb).sum(-1)
             wdl = wl
             if dl is not None:
                 dwl, wdl = dwl * dl, wl * dl
             dsl = wl * (dwl - (wl * dwl).sum(-1, keepdim=True)) * scale  # (B, H, G, s)
-            plan.level(dq, level)[:] += (dsl[..., None, :] @ kb).squeeze(-2)
+            plan.level(dq, level)[:] += (dsl[..., None] * kb).sum(-2)
             plan.blocks(dkp, level)[:, :, :G] += dsl[..., None] * qn
             plan.blocks(dvp, level)[:, :, :G] += wdl[..., None] * don
         if n != plan.P:
             dk[:, :, :n] += dkp[:, :, :n]
             dv[:, :, :n] += dvp[:, :, :n]
-        return dqkv, drel, None, None, None
+        return dqkv.permute(1, 3, 0, 2, 4), drel, None, None, None
 
 
 def tree_attention(qkv: torch.Tensor, rel: torch.Tensor, n: int, *, causal: bool,
