@@ -372,6 +372,187 @@ def check_pairs() -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------- numbers in the prose
+#
+# A number that a chapter's prose quotes (a decimal such as 3.735, or a grouped integer
+# such as 8,570) must be what the stored outputs of the code cells above it say, to the
+# digits it is written with ("about 3,100" to two significant digits). Other numbers are
+# marked in the same markdown cell with an HTML comment, which neither JupyterLab nor the
+# website shows:
+#     <!-- paper: 1.06 0.99 -->   numbers quoted from a paper (not checked)
+#     <!-- given: 0.1 2,100 -->   settings and other numbers the text states, not measures
+#     <!-- derived: 0.053 = 3.711 - 3.658 -->   arithmetic on stored outputs: the result
+#                                 is checked, and each operand is found in the chapter's
+#                                 stored outputs
+#     <!-- from chapter 1: 4.75 -->   numbers another chapter computes: found in its outputs
+# Section references (section 4.6, Chapters 2 and 3.4), headings, code, math and links
+# are not quoted numbers. Every chapter is under the check.
+
+_QUOTED = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(?![\w]|[.,]\d)")
+_ANY_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_MARK = re.compile(r"<!--\s*(paper|given)\s*:(.*?)-->", re.S)
+_DERIVED = re.compile(r"<!--\s*derived\s*:(.*?)-->", re.S)
+_FROM = re.compile(r"<!--\s*from\s+chapter\s+(\d+)\s*:(.*?)-->", re.S | re.I)
+_ABOUT = re.compile(r"(?:about|roughly|around|nearly|almost|some)\s+$")
+_NOT_QUOTED = [
+    re.compile(r"<!--.*?-->", re.S),
+    re.compile(r"```.*?```", re.S),
+    re.compile(r"\$\$.*?\$\$", re.S),
+    re.compile(r"(?<!\\)\$[^$\n]*\$"),
+    re.compile(r"`[^`\n]*`"),
+    re.compile(r"\]\([^)\s]*\)"),
+    re.compile(r"https?://\S+|arXiv:\s*\d+\.\d+"),
+    re.compile(r"^\s*#+ .*$", re.M),
+    re.compile(r"\b(?:[Ss]ections?|[Cc]hapters?|[Ee]q(?:uation)?s?\.?|[Tt]ables?|[Ff]igures?|"
+               r"[Aa]ppendi(?:x|ces))\s+[A-Z]?\d+(?:\.\d+)*(?:(?:,\s*|\s+and\s+|\s+to\s+|"
+               r"\s*[-\u2013]\s*)[A-Z]?\d+(?:\.\d+)*)*"),
+]
+
+
+def _blank(text: str, pattern: re.Pattern) -> str:
+    """text with every match of pattern replaced by spaces (offsets stay the same)."""
+    return pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+
+
+def _output_text(cell: dict) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            parts.append("".join(out["text"]))
+        data = out.get("data", {})
+        for kind in ("text/plain", "text/markdown"):
+            if kind in data and "image/png" not in data:
+                parts.append("".join(data[kind]))
+    return "\n".join(parts)
+
+
+def _value(token: str) -> float:
+    return float(token.replace(",", ""))
+
+
+def _safe(token: str) -> bool:
+    try:
+        _value(token)
+        return True
+    except ValueError:  # "1,2" and such
+        return False
+
+
+def _sentence(text: str, start: int, end: int, width: int = 90) -> str:
+    """The sentence (or table row) around text[start:end], at most `width` characters
+    either side of it."""
+    a = max(text.rfind(". ", 0, start) + 2, text.rfind("\n\n", 0, start) + 2,
+            text.rfind("|", 0, start) + 1, start - width, 0)
+    b = min((i for i in (text.find(". ", end), text.find("\n\n", end), text.find("|", end))
+             if i >= 0), default=len(text))
+    b = min(b + 1, end + width)
+    return " ".join(text[a:b].split())
+
+
+def _matches(token: str, values, about: bool = False) -> bool:
+    """Does one of the values, written with token's digits, read as token? With `about`,
+    an integer's trailing zeros are rounding ("about 3,100" reads 3,067 as well)."""
+    v = _value(token)
+    places = len(token.split(".")[1]) if "." in token else 0
+    if about and not places:
+        digits = token.replace(",", "")
+        places = -(len(digits) - len(digits.rstrip("0") or "0"))
+    return any(abs(y - v) <= 0.5 * 10 ** -places + 1e-12 for y in values)
+
+
+def _derived(listed: str, outputs: list[float]) -> tuple[dict[str, str], list[str]]:
+    """Parse '<result> = <arithmetic on numbers>; ...': {result: expression}, problems."""
+    results, problems = {}, []
+    for item in filter(None, (i.strip() for i in listed.split(";"))):
+        result, _, expr = item.partition("=")
+        result, expr = result.strip(), expr.strip()
+        if not _QUOTED.fullmatch(result) or not re.fullmatch(r"[\d.,+\-*/() ]+", expr):
+            problems.append(f"derived: {item!r} is not '<number> = <arithmetic on numbers>'")
+            continue
+        places = len(result.split(".")[1]) if "." in result else 0
+        try:
+            got = eval(expr.replace(",", ""), {"__builtins__": {}})  # digits, + - * / ( ) only
+        except (SyntaxError, ZeroDivisionError) as err:
+            problems.append(f"derived: {item!r} cannot be computed ({err})")
+            continue
+        if abs(got - _value(result)) > 0.5 * 10 ** -places + 1e-12:
+            problems.append(f"derived: {expr} is {got:.{places + 2}f}, not {result}")
+        for operand in re.findall(r"\d[\d,]*(?:\.\d+)?", expr):
+            if not _matches(operand, outputs):
+                problems.append(f"derived: {operand} (in {item}) is not in the stored outputs")
+        results[result] = expr
+    return results, problems
+
+
+def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
+    """Every quoted number of a chapter's prose against the stored outputs above it."""
+    import json
+
+    md_text = md_path.read_text()
+    cells = json.loads(nb_path.read_text())["cells"]
+    seen: list[tuple[float, str, int]] = []  # (value, as printed, code cell number)
+    problems, code_cell, pos = [], 0, 0
+    everything = [_value(m.group()) for c in cells if c["cell_type"] == "code"
+                  for m in _ANY_NUMBER.finditer(_output_text(c)) if _safe(m.group())]
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code":
+            seen += [(_value(m.group()), m.group(), code_cell)
+                     for m in _ANY_NUMBER.finditer(_output_text(cell)) if _safe(m.group())]
+            code_cell += 1
+            continue
+        if cell["cell_type"] != "markdown":
+            continue
+        at = md_text.find(source, pos)
+        pos = at + len(source) if at >= 0 else pos
+        first_line = md_text.count("\n", 0, at) + 1 if at >= 0 else 0
+        exempt = {t for _, listed in _MARK.findall(source) for t in _QUOTED.findall(listed)}
+        for number, listed in _FROM.findall(source):
+            other = sorted(NBS.glob(f"{int(number):02d}_*.ipynb"))
+            theirs = [] if not other else [
+                _value(m.group()) for c in json.loads(other[0].read_text())["cells"]
+                if c["cell_type"] == "code" for m in _ANY_NUMBER.finditer(_output_text(c))
+                if _safe(m.group())]
+            for token in _QUOTED.findall(listed):
+                exempt.add(token)
+                if not _matches(token, theirs):
+                    problems.append(f"{md_path.relative_to(ROOT)}:{first_line}: {token} is not "
+                                    f"in the stored outputs of chapter {number}")
+        for listed in _DERIVED.findall(source):
+            results, wrong = _derived(listed, everything)
+            exempt |= set(results)
+            problems += [f"{md_path.relative_to(ROOT)}:{first_line}: {w}" for w in wrong]
+        prose = source
+        for pattern in _NOT_QUOTED:
+            prose = _blank(prose, pattern)
+        for m in _QUOTED.finditer(prose):
+            token = m.group()
+            if token in exempt:
+                continue
+            v = _value(token)
+            if _matches(token, [y for y, _, _ in seen],
+                        about=bool(_ABOUT.search(prose[max(0, m.start() - 12):m.start()]))):
+                continue
+            near = sorted(seen, key=lambda s: abs(s[0] - v))[:3]
+            hint = ", ".join(f"{p} (code cell {c})" for _, p, c in near) or "no outputs above"
+            line = first_line + source.count("\n", 0, m.start())
+            problems.append(
+                f"{md_path.relative_to(ROOT)}:{line}: {token} is not in the stored outputs "
+                f"above it (closest: {hint}) in: \"{_sentence(source, m.start(), m.end())}\" "
+                f"(a paper's number: mark it <!-- paper: {token} -->; a setting or other "
+                f"number no cell computes: <!-- given: {token} -->)")
+    return problems
+
+
+def check_numbers(names=None) -> list[str]:
+    problems = []
+    for stem in names or [p.stem for p in chapters()]:
+        md, nb = BOOK / f"{stem}.md", NBS / f"{stem}.ipynb"
+        if md.exists() and nb.exists():
+            problems += quoted_number_problems(md, nb)
+    return problems
+
+
 def run_chapters(names: list[str]) -> None:
     """Execute chapters in place (fresh outputs, no timing metadata), keeping pairs in step."""
     bin_dir = Path(sys.executable).parent
@@ -399,10 +580,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if cmd == "check":
         problems = check_pairs() + export(check=True)
+        problems += check_numbers() if not problems else []
         for p in problems:
             print("FAIL:", p, file=sys.stderr)
         if not problems:
-            print(f"book check: {len(chapters())} chapters paired, minixl up to date")
+            print(f"book check: {len(chapters())} chapters paired, minixl up to date, quoted "
+                  "numbers match the stored outputs")
         return 1 if problems else 0
     if cmd == "run":
         run_chapters(rest)

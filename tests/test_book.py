@@ -329,3 +329,108 @@ def test_export_reproduces_the_package_init(repo_copy):
     r = book_tool(repo_copy, "export")
     assert r.returncode == 0, r.stderr
     assert init.read_text() == want
+
+
+# ---------------------------------------------------------------- numbers in the prose
+
+def _book_module():
+    """minixl/_book.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("_book", ROOT / "minixl" / "_book.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pair(tmp_path: Path, prose: list[str], printed: str) -> tuple[Path, Path]:
+    """A chapter of one code cell printing `printed`, then one markdown cell per prose item."""
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell("print(...)")
+    code.outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    nb.cells = [code] + [nbformat.v4.new_markdown_cell(p) for p in prose]
+    md, ipynb = tmp_path / "99_numbers.md", tmp_path / "99_numbers.ipynb"
+    nbformat.write(nb, ipynb)
+    md.write_text("\n\n+++\n\n".join(["```{code-cell}\nprint(...)\n```"] + prose) + "\n")
+    return md, ipynb
+
+
+def _problems(tmp_path, prose, printed):
+    book = _book_module()
+    book.ROOT = tmp_path  # messages name paths relative to the root
+    return book.quoted_number_problems(*_pair(tmp_path, prose, printed))
+
+
+def test_a_quoted_number_must_read_as_a_stored_output(tmp_path):
+    printed = "mean 3.7038 bpc, 8570.28 bytes/s, ratio 0.531, speed-up 3067x\n"
+    fine = ["The mean is 3.7038 (3.704, 3.70), at 8,570 bytes per second, ratio 0.53; "
+            "a speed-up of about 3,100.",
+            "Section 4.6 and sections 2.1 to 2.3 are references, and so are `0.125`, "
+            "$2.5$ and [a link](https://example.org/1.25).",
+            "The paper's 1.06 bpc.\n<!-- paper: 1.06 -->",
+            "A learning rate of 0.003.\n<!-- given: 0.003 -->",
+            "Faster by 4,637.7.\n<!-- derived: 4,637.7 = 8570.28 - 3932.58 -->"]
+    assert _problems(tmp_path, fine, printed + "and 3932.58\n") == []
+    wrong = ["Later, the mean was 3.7039 bpc and the speed-up 3,100."]
+    got = _problems(tmp_path, wrong, printed)
+    assert len(got) == 2, got
+    assert got[0].startswith("99_numbers.md:") and "3.7039 is not in the stored outputs" in got[0]
+    assert "closest: 3.7038 (code cell 0)" in got[0] and "the mean was 3.7039 bpc" in got[0]
+    assert "3,100" in got[1]  # without "about", 3,100 is not 3067
+
+
+def test_a_derived_number_is_checked_and_so_are_its_operands(tmp_path):
+    printed = "seeds 3.711 3.658\n"
+    assert _problems(tmp_path, ["A gap of 0.053.\n<!-- derived: 0.053 = 3.711 - 3.658 -->"],
+                     printed) == []
+    bad_sum = _problems(tmp_path, ["A gap of 0.054.\n<!-- derived: 0.054 = 3.711 - 3.658 -->"],
+                        printed)
+    assert len(bad_sum) == 1 and "3.711 - 3.658 is 0.05300, not 0.054" in bad_sum[0]
+    bad_operand = _problems(tmp_path, ["A gap of 0.052.\n<!-- derived: 0.052 = 3.710 - 3.658 -->"],
+                            printed)
+    assert len(bad_operand) == 1 and "3.710" in bad_operand[0] and "not in the stored" in bad_operand[0]
+    not_arithmetic = _problems(tmp_path, ["A gap.\n<!-- derived: 0.05 = __import__('os') -->"],
+                               printed)
+    assert len(not_arithmetic) == 1 and "is not '<number> = <arithmetic" in not_arithmetic[0]
+
+
+def test_a_number_from_another_chapter_is_found_in_its_outputs(tmp_path):
+    book = _book_module()
+    book.ROOT, book.NBS = tmp_path, tmp_path
+    _pair(tmp_path, ["unused"], "unigram 4.75 bpc\n")
+    (tmp_path / "99_numbers.ipynb").rename(tmp_path / "01_other.ipynb")
+    md, ipynb = _pair(tmp_path, ["Chapter 1's 4.75.\n<!-- from chapter 1: 4.75 -->",
+                                 "And 4.76.\n<!-- from chapter 1: 4.76 -->"], "nothing\n")
+    got = book.quoted_number_problems(md, ipynb)
+    assert len(got) == 1 and "4.76 is not in the stored outputs of chapter 1" in got[0], got
+
+
+def test_a_number_quoted_before_the_cell_that_prints_it_fails(tmp_path):
+    book = _book_module()
+    book.ROOT = tmp_path
+    md, ipynb = _pair(tmp_path, ["The mean is 3.7038."], "mean 3.7038\n")
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells = nb.cells[::-1]  # the prose first, then the cell
+    nbformat.write(nb, ipynb)
+    assert "3.7038 is not in the stored outputs above it" in book.quoted_number_problems(md, ipynb)[0]
+
+
+@pytest.mark.slow
+def test_book_check_names_a_drifted_number_and_spares_a_papers(repo_copy):
+    """One digit changed in Chapter 4's prose (both sides of the pair) fails `check`,
+    naming the number, the line and the sentence; a paper's number changed does not."""
+    def edit(old, new):
+        for path in (repo_copy / "book" / "04_transformer_xl.md",
+                     repo_copy / "nbs" / "04_transformer_xl.ipynb"):
+            text = path.read_text()
+            assert text.count(old) == 1, (path, old)
+            path.write_text(text.replace(old, new))
+
+    edit("| result | enwik8 1.06 bpc (12 layers)", "| result | enwik8 1.07 bpc (12 layers)")
+    edit("<!-- paper: 90 2,048 1,024 400,000 2,100 3,800 1.06 0.99",
+         "<!-- paper: 90 2,048 1,024 400,000 2,100 3,800 1.06 1.07 0.99")
+    assert book_check(repo_copy).returncode == 0, book_check(repo_copy).stderr
+    edit("(3.7038 against 3.7058 bpc", "(3.7039 against 3.7058 bpc")
+    r = book_check(repo_copy)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "book/04_transformer_xl.md:" in lines[0], r.stderr
+    assert "3.7039 is not in the stored outputs" in lines[0] and "Clamping helps" in lines[0]

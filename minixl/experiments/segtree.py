@@ -88,7 +88,9 @@ def bench_report(rows: list[dict]) -> str:
     lines = [f"one causal attention layer (width 64, 4 heads, batch 1), forward + backward, "
              f"on {rows[0]['device']}; the fastest of {rows[0]['rounds']} interleaved rounds:"]
     for n in shared:
-        lines.append(f"  n={n}: dense fused / segtree time {sdpa[n]['seconds'] / tree[n]['seconds']:.2f}x, "
+        medians = float(sdpa[n]["median_seconds"]) / float(tree[n]["median_seconds"])
+        lines.append(f"  n={n}: dense fused / segtree time {sdpa[n]['seconds'] / tree[n]['seconds']:.2f}x "
+                     f"({medians:.2f}x on the medians), "
                      f"segtree / dense fused peak memory {tree[n]['peak_mb'] / max(sdpa[n]['peak_mb'], 1e-9):.2f}x")
     long = sorted(n for n in tree if n >= 1024)
     if len(long) > 1:
