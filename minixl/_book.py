@@ -374,26 +374,33 @@ def check_pairs() -> list[str]:
 
 # ---------------------------------------------------------------- numbers in the prose
 #
-# A number that a chapter's prose quotes (a decimal such as 3.735, or a grouped integer
-# such as 8,570) must be what the stored outputs of the code cells above it say, to the
-# digits it is written with ("about 3,100" to two significant digits). Other numbers are
-# marked in the same markdown cell with an HTML comment, which neither JupyterLab nor the
-# website shows:
+# A number that a chapter's prose quotes (a decimal such as 3.735 or -0.04, a grouped
+# integer such as 8,570, either with a unit glued on: 1.61x, 92.12%, 0.89M) must be what a
+# stored output of a code cell above it says, printed with at least the prose's digits, to
+# the digits the prose writes ("about 3,100" reads 3,067: an integer's trailing zeros after
+# "about" are rounding). A signed number needs the same sign. Numbers that no cell prints
+# are marked in the same markdown cell, after their paragraph or list, on lines of their
+# own, with an HTML comment, which neither JupyterLab nor the website shows:
 #     <!-- paper: 1.06 0.99 -->   numbers quoted from a paper (not checked)
 #     <!-- given: 0.1 2,100 -->   settings and other numbers the text states, not measures
-#     <!-- derived: 0.053 = 3.711 - 3.658 -->   arithmetic on stored outputs: the result
-#                                 is checked, and each operand is found in the chapter's
-#                                 stored outputs
-#     <!-- from chapter 1: 4.75 -->   numbers another chapter computes: found in its outputs
-# Section references (section 4.6, Chapters 2 and 3.4), headings, code, math and links
-# are not quoted numbers. Every chapter is under the check.
+#     <!-- derived: 0.053 = 3.711 - 3.658 -->   arithmetic (+ - * / and brackets) on stored
+#                                 outputs: the result is checked, and each operand must be
+#                                 a stored output of the chapter
+#     <!-- from chapter 1: 4.75 -->   numbers another chapter prints: found in its outputs
+# Each entry of a marker covers one quotation of its number in the cell, and an entry the
+# cell does not quote is an error. Section references (section 4.6, Chapters 2 and 3),
+# headings, code, math and links are not quoted numbers. Every chapter is under the check.
 
-_QUOTED = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)(?![\w]|[.,]\d)")
-_ANY_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
-_MARK = re.compile(r"<!--\s*(paper|given)\s*:(.*?)-->", re.S)
-_DERIVED = re.compile(r"<!--\s*derived\s*:(.*?)-->", re.S)
-_FROM = re.compile(r"<!--\s*from\s+chapter\s+(\d+)\s*:(.*?)-->", re.S | re.I)
-_ABOUT = re.compile(r"(?:about|roughly|around|nearly|almost|some)\s+$")
+_UNIT = r"(?:[x\u00d7%]|[MKG](?![A-Za-z]))?"
+_QUOTED = re.compile(r"(?:(?<![\w.,])[-\u2212+](?=\d)|(?<![\w.,]))"
+                     r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)"
+                     + r"(?=" + _UNIT + r"(?:[^\w]|$))(?![.,]\d)")
+_ANY_NUMBER = re.compile(r"(?<![0-9A-Za-wyz_.,])[-\u2212+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+                         r"(?:[eE][-+]?\d+)?(?![\d,]*\d)")
+_MARKER = re.compile(r"<!--\s*(paper|given|derived|from\s+chapter\s+\d+)\s*:(.*?)-->",
+                     re.S | re.I)
+_ABOUT = re.compile(r"\b(?:about|roughly|around|nearly|almost|some)\s+$")
+_REF = r"[A-Z]?\d+(?:\.\d+)+|[A-Z]?\d+"
 _NOT_QUOTED = [
     re.compile(r"<!--.*?-->", re.S),
     re.compile(r"```.*?```", re.S),
@@ -403,9 +410,11 @@ _NOT_QUOTED = [
     re.compile(r"\]\([^)\s]*\)"),
     re.compile(r"https?://\S+|arXiv:\s*\d+\.\d+"),
     re.compile(r"^\s*#+ .*$", re.M),
+    # a reference and the references listed after it in the same form (4.6 and 4.7; 2 to 3)
     re.compile(r"\b(?:[Ss]ections?|[Cc]hapters?|[Ee]q(?:uation)?s?\.?|[Tt]ables?|[Ff]igures?|"
-               r"[Aa]ppendi(?:x|ces))\s+[A-Z]?\d+(?:\.\d+)*(?:(?:,\s*|\s+and\s+|\s+to\s+|"
-               r"\s*[-\u2013]\s*)[A-Z]?\d+(?:\.\d+)*)*"),
+               r"[Aa]ppendi(?:x|ces))\s+(?:(?:[A-Z]?\d+(?:\.\d{1,2})+)(?:(?:,\s*|\s+and\s+|\s+to\s+|"
+               r"\s*[-\u2013]\s*)[A-Z]?\d+(?:\.\d{1,2})+(?![\d]))*|[A-Z]?\d+(?:(?:,\s*|\s+and\s+|\s+to\s+|"
+               r"\s*[-\u2013]\s*)[A-Z]?\d+(?![.\d]))*)"),
 ]
 
 
@@ -427,78 +436,106 @@ def _output_text(cell: dict) -> str:
 
 
 def _value(token: str) -> float:
-    return float(token.replace(",", ""))
+    return float(token.replace(",", "").replace("\u2212", "-"))
 
 
-def _safe(token: str) -> bool:
-    try:
-        _value(token)
-        return True
-    except ValueError:  # "1,2" and such
-        return False
+def _places(token: str) -> int:
+    mantissa = re.split(r"[eE]", token)[0]
+    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+
+
+def _printed(cells: list[dict]) -> list[list[tuple[float, int, str]]]:
+    """Per code cell, its stored outputs' numbers: (value, decimal places, as printed)."""
+    return [[(_value(m.group()), _places(m.group()), m.group())
+             for m in _ANY_NUMBER.finditer(_output_text(c))]
+            for c in cells if c["cell_type"] == "code"]
+
+
+def _matches(token: str, printed, about: bool = False, scale: int = 0) -> bool:
+    """Is token what one of the printed numbers says, to token's digits? The number must be
+    printed with at least token's decimals; a signed token needs the same sign; with `about`,
+    an integer's trailing zeros are rounding ("about 3,100" reads 3,067). `scale`: the
+    token counts in units of 10**scale (0.89M against a printed 891,648: scale 6)."""
+    v, places = _value(token), _places(token)
+    printed = [(y / 10 ** scale, p + scale, t) for y, p, t in printed]
+    signed = token[0] in "-\u2212+"
+    if about and not places:
+        digits = token.replace(",", "").lstrip("-\u2212+")
+        places = -(len(digits) - len(digits.rstrip("0") or "0"))
+    return any(p >= max(places, 0) and abs((y if signed else abs(y)) - (v if signed else abs(v)))
+               <= 0.5 * 10 ** -places + 1e-12 for y, p, _ in printed)
+
+
+def _arithmetic(expr: str) -> float:
+    """The value of + - * / and brackets on numbers, and nothing else."""
+    import ast
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult,
+                                                                 ast.Div)):
+            a, b = value(node.left), value(node.right)
+            ops = {ast.Add: a.__add__, ast.Sub: a.__sub__, ast.Mult: a.__mul__,
+                   ast.Div: a.__truediv__}
+            return ops[type(node.op)](b)
+        raise ValueError("only numbers, + - * / and brackets")
+
+    return value(ast.parse(expr.replace(",", "").replace("\u2212", "-"), mode="eval").body)
+
+
+def _derived(listed: str, printed) -> tuple[list[str], list[str]]:
+    """Parse '<result> = <arithmetic on numbers>; ...': the results, and the problems."""
+    results, problems = [], []
+    for item in filter(None, (i.strip() for i in listed.split(";"))):
+        result, _, expr = item.partition("=")
+        result, expr = result.strip(), expr.strip()
+        if not _QUOTED.fullmatch(result):
+            problems.append(f"derived: {item!r} is not '<number> = <arithmetic on numbers>'")
+            continue
+        results.append(result)
+        try:
+            got = _arithmetic(expr)
+        except (SyntaxError, ValueError, ArithmeticError, TypeError) as err:
+            problems.append(f"derived: {item!r} is not '<number> = <arithmetic on numbers>' "
+                            f"({err})")
+            continue
+        places = _places(result)
+        if abs(got - _value(result)) > 0.5 * 10 ** -places + 1e-12:
+            problems.append(f"derived: {expr} is {got:.{places + 2}f}, not {result}")
+        for operand in _ANY_NUMBER.findall(expr):
+            if not _matches(operand.lstrip("+"), printed):
+                problems.append(f"derived: {operand} (in {item}) is not in the stored outputs")
+    return results, problems
 
 
 def _sentence(text: str, start: int, end: int, width: int = 90) -> str:
     """The sentence (or table row) around text[start:end], at most `width` characters
     either side of it."""
-    a = max(text.rfind(". ", 0, start) + 2, text.rfind("\n\n", 0, start) + 2,
-            text.rfind("|", 0, start) + 1, start - width, 0)
+    a = max([text.rfind(sep, 0, start) + len(sep) for sep in (". ", "\n\n", "|")
+             if text.rfind(sep, 0, start) >= 0] + [start - width, 0])
     b = min((i for i in (text.find(". ", end), text.find("\n\n", end), text.find("|", end))
              if i >= 0), default=len(text))
     b = min(b + 1, end + width)
     return " ".join(text[a:b].split())
 
 
-def _matches(token: str, values, about: bool = False) -> bool:
-    """Does one of the values, written with token's digits, read as token? With `about`,
-    an integer's trailing zeros are rounding ("about 3,100" reads 3,067 as well)."""
-    v = _value(token)
-    places = len(token.split(".")[1]) if "." in token else 0
-    if about and not places:
-        digits = token.replace(",", "")
-        places = -(len(digits) - len(digits.rstrip("0") or "0"))
-    return any(abs(y - v) <= 0.5 * 10 ** -places + 1e-12 for y in values)
-
-
-def _derived(listed: str, outputs: list[float]) -> tuple[dict[str, str], list[str]]:
-    """Parse '<result> = <arithmetic on numbers>; ...': {result: expression}, problems."""
-    results, problems = {}, []
-    for item in filter(None, (i.strip() for i in listed.split(";"))):
-        result, _, expr = item.partition("=")
-        result, expr = result.strip(), expr.strip()
-        if not _QUOTED.fullmatch(result) or not re.fullmatch(r"[\d.,+\-*/() ]+", expr):
-            problems.append(f"derived: {item!r} is not '<number> = <arithmetic on numbers>'")
-            continue
-        places = len(result.split(".")[1]) if "." in result else 0
-        try:
-            got = eval(expr.replace(",", ""), {"__builtins__": {}})  # digits, + - * / ( ) only
-        except (SyntaxError, ZeroDivisionError) as err:
-            problems.append(f"derived: {item!r} cannot be computed ({err})")
-            continue
-        if abs(got - _value(result)) > 0.5 * 10 ** -places + 1e-12:
-            problems.append(f"derived: {expr} is {got:.{places + 2}f}, not {result}")
-        for operand in re.findall(r"\d[\d,]*(?:\.\d+)?", expr):
-            if not _matches(operand, outputs):
-                problems.append(f"derived: {operand} (in {item}) is not in the stored outputs")
-        results[result] = expr
-    return results, problems
-
-
 def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
     """Every quoted number of a chapter's prose against the stored outputs above it."""
     import json
+    from collections import Counter
 
     md_text = md_path.read_text()
     cells = json.loads(nb_path.read_text())["cells"]
-    seen: list[tuple[float, str, int]] = []  # (value, as printed, code cell number)
+    per_cell = _printed(cells)
+    everything = [n for numbers in per_cell for n in numbers]
+    where = md_path.relative_to(ROOT)
     problems, code_cell, pos = [], 0, 0
-    everything = [_value(m.group()) for c in cells if c["cell_type"] == "code"
-                  for m in _ANY_NUMBER.finditer(_output_text(c)) if _safe(m.group())]
     for cell in cells:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code":
-            seen += [(_value(m.group()), m.group(), code_cell)
-                     for m in _ANY_NUMBER.finditer(_output_text(cell)) if _safe(m.group())]
             code_cell += 1
             continue
         if cell["cell_type"] != "markdown":
@@ -506,41 +543,63 @@ def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
         at = md_text.find(source, pos)
         pos = at + len(source) if at >= 0 else pos
         first_line = md_text.count("\n", 0, at) + 1 if at >= 0 else 0
-        exempt = {t for _, listed in _MARK.findall(source) for t in _QUOTED.findall(listed)}
-        for number, listed in _FROM.findall(source):
-            other = sorted(NBS.glob(f"{int(number):02d}_*.ipynb"))
-            theirs = [] if not other else [
-                _value(m.group()) for c in json.loads(other[0].read_text())["cells"]
-                if c["cell_type"] == "code" for m in _ANY_NUMBER.finditer(_output_text(c))
-                if _safe(m.group())]
-            for token in _QUOTED.findall(listed):
-                exempt.add(token)
-                if not _matches(token, theirs):
-                    problems.append(f"{md_path.relative_to(ROOT)}:{first_line}: {token} is not "
-                                    f"in the stored outputs of chapter {number}")
-        for listed in _DERIVED.findall(source):
-            results, wrong = _derived(listed, everything)
-            exempt |= set(results)
-            problems += [f"{md_path.relative_to(ROOT)}:{first_line}: {w}" for w in wrong]
+        markers = list(_MARKER.finditer(source))
+        for m in markers:  # on lines of their own, and not between the items of a list
+            before = source[source.rfind("\n", 0, m.start()) + 1:m.start()]
+            after = source[m.end():].split("\n", 1)[0]
+            following = next((ln for ln in source[m.end():].split("\n")[1:] if ln.strip()), "")
+            if before or after.strip() or re.match(r"\s*(?:[-*+]|\d+[.)])\s", following):
+                line = first_line + source.count("\n", 0, m.start())
+                problems.append(f"{where}:{line}: a marker must start a line, end it, and not "
+                                "sit between the items of a list (it would break the "
+                                "paragraph or the list): put it on lines of its own after "
+                                "the paragraph or list")
+        exempt = Counter()
+        for m in markers:
+            kind, listed = m.group(1).lower(), m.group(2)
+            if kind == "derived":
+                results, wrong = _derived(listed, everything)
+                exempt.update(results)
+                problems += [f"{where}:{first_line}: {w}" for w in wrong]
+            elif kind.startswith("from"):
+                number = int(kind.split()[-1])
+                other = sorted(NBS.glob(f"{number:02d}_*.ipynb"))
+                theirs = ([n for ns in _printed(json.loads(other[0].read_text())["cells"])
+                           for n in ns] if other else [])
+                for token in _QUOTED.findall(listed):
+                    exempt[token] += 1
+                    if not _matches(token, theirs):
+                        problems.append(f"{where}:{first_line}: {token} is not in the stored "
+                                        f"outputs of chapter {number}")
+            else:
+                exempt.update(_QUOTED.findall(listed))
         prose = source
         for pattern in _NOT_QUOTED:
             prose = _blank(prose, pattern)
         for m in _QUOTED.finditer(prose):
             token = m.group()
-            if token in exempt:
+            if exempt[token] > 0:
+                exempt[token] -= 1
+                continue
+            above = [n for numbers in per_cell[:code_cell] for n in numbers]
+            about = bool(_ABOUT.search(prose[max(0, m.start() - 12):m.start()]))
+            scale = {"K": 3, "M": 6, "G": 9}.get(prose[m.end():m.end() + 1], 0)
+            if _matches(token, above, about=about, scale=scale):
                 continue
             v = _value(token)
-            if _matches(token, [y for y, _, _ in seen],
-                        about=bool(_ABOUT.search(prose[max(0, m.start() - 12):m.start()]))):
-                continue
-            near = sorted(seen, key=lambda s: abs(s[0] - v))[:3]
+            near = sorted(((abs(y - v), printed, c) for c, numbers in enumerate(per_cell[:code_cell])
+                           for y, _, printed in numbers))[:3]
             hint = ", ".join(f"{p} (code cell {c})" for _, p, c in near) or "no outputs above"
             line = first_line + source.count("\n", 0, m.start())
             problems.append(
-                f"{md_path.relative_to(ROOT)}:{line}: {token} is not in the stored outputs "
-                f"above it (closest: {hint}) in: \"{_sentence(source, m.start(), m.end())}\" "
-                f"(a paper's number: mark it <!-- paper: {token} -->; a setting or other "
-                f"number no cell computes: <!-- given: {token} -->)")
+                f"{where}:{line}: {token} is not in the stored outputs above it (closest: "
+                f"{hint}) in: \"{_sentence(source, m.start(), m.end())}\" (mark a paper's "
+                f"number <!-- paper: {token} -->, a setting or other number no cell computes "
+                f"<!-- given: {token} -->, after the paragraph)")
+        for token, left in exempt.items():
+            if left > 0:
+                problems.append(f"{where}:{first_line}: a marker lists {token}, which this "
+                                "markdown cell does not quote (as often)")
     return problems
 
 

@@ -387,9 +387,36 @@ def test_a_derived_number_is_checked_and_so_are_its_operands(tmp_path):
     bad_operand = _problems(tmp_path, ["A gap of 0.052.\n<!-- derived: 0.052 = 3.710 - 3.658 -->"],
                             printed)
     assert len(bad_operand) == 1 and "3.710" in bad_operand[0] and "not in the stored" in bad_operand[0]
-    not_arithmetic = _problems(tmp_path, ["A gap.\n<!-- derived: 0.05 = __import__('os') -->"],
-                               printed)
-    assert len(not_arithmetic) == 1 and "is not '<number> = <arithmetic" in not_arithmetic[0]
+    for expr in ("__import__('os')", "9**9**9**9", "() - 1", "1 / 0", "(1)(2)"):
+        got = _problems(tmp_path, [f"A gap of 0.05.\n<!-- derived: 0.05 = {expr} -->"], printed)
+        assert len(got) == 1 and "is not '<number> = <arithmetic" in got[0], (expr, got)
+
+
+def test_signs_units_precision_references_and_markers(tmp_path):
+    printed = ("change -0.647 bpc, +0.077; 1.61x; 92.12% right; 891,648 parameters; "
+               "flag 1 of 1; score 1.000\n")
+    fine = ["A change of -0.647 and +0.077, 1.61x faster, 92.12% right, 0.89M parameters, "
+            "an accuracy of 1.000.",
+            "As section 4.8, and Chapters 2 and 3, say.",
+            "- an item with 0.077\n- another item\n\n<!-- given: 0.5 -->\n\nAnd 0.5 here."]
+    assert _problems(tmp_path, fine, printed) == []
+    wrong = {"A change of +0.647.": "+0.647",  # the wrong sign
+             "Section 4.8, 3.735 bpc.": "3.735",  # a reference does not swallow a number
+             "It is 1.62x faster.": "1.62",
+             "Now 0.90M parameters.": "0.90"}
+    for text, token in wrong.items():
+        got = _problems(tmp_path, [text], printed)
+        assert any(f"{token} is not in the stored outputs" in g for g in got), (text, got)
+    coarse = _problems(tmp_path, ["An accuracy of 1.00."], "flag 1 of 1\n")  # printed as 1 only
+    assert len(coarse) == 1 and "1.00 is not in the stored outputs" in coarse[0], coarse
+    misplaced = _problems(tmp_path, ["Text. <!-- given: 0.5 --> more text with 0.5."], printed)
+    assert any("a marker must start a line" in g for g in misplaced), misplaced
+    in_list = _problems(tmp_path, ["- item 0.5\n<!-- given: 0.5 -->\n- item"], printed)
+    assert any("a marker must start a line" in g for g in in_list), in_list
+    once = _problems(tmp_path, ["A 0.5 and a 0.5.\n<!-- given: 0.5 -->"], printed)
+    assert len(once) == 1 and "0.5 is not in the stored outputs" in once[0], once
+    unused = _problems(tmp_path, ["Nothing here.\n<!-- paper: 2.5 -->"], printed)
+    assert len(unused) == 1 and "a marker lists 2.5" in unused[0], unused
 
 
 def test_a_number_from_another_chapter_is_found_in_its_outputs(tmp_path):
@@ -425,8 +452,8 @@ def test_book_check_names_a_drifted_number_and_spares_a_papers(repo_copy):
             path.write_text(text.replace(old, new))
 
     edit("| result | enwik8 1.06 bpc (12 layers)", "| result | enwik8 1.07 bpc (12 layers)")
-    edit("<!-- paper: 90 2,048 1,024 400,000 2,100 3,800 1.06 0.99",
-         "<!-- paper: 90 2,048 1,024 400,000 2,100 3,800 1.06 1.07 0.99")
+    edit("<!-- paper: 2,048 1,024 400,000 2,100 3,800 1.06 1.06",
+         "<!-- paper: 2,048 1,024 400,000 2,100 3,800 1.07 1.06")
     assert book_check(repo_copy).returncode == 0, book_check(repo_copy).stderr
     edit("(3.7038 against 3.7058 bpc", "(3.7039 against 3.7058 bpc")
     r = book_check(repo_copy)
