@@ -196,15 +196,17 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
         raise ValueError(f"batch_size {cfg.batch_size} does not split into {world} processes x "
                          f"{cfg.grad_accum} micro-batches (grad_accum): use a batch size that "
                          f"is a multiple of {world * cfg.grad_accum}")
-    with process_group(cfg.device) as ranks:  # one process, or one of torchrun's
+    # one process, or one of torchrun's; `cleanup` drops the run folder's lock however
+    # _train ends
+    with process_group(cfg.device) as ranks, contextlib.ExitStack() as cleanup:
         return _train(ranks, model, cfg, batches=batches, objective=objective,
                       held_out=held_out, out=out, resume=resume, overwrite=overwrite,
                       allow_change=allow_change, meta=meta or {}, progress=progress,
-                      no_decay=no_decay)
+                      no_decay=no_decay, cleanup=cleanup)
 
 
 def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, overwrite,
-           allow_change, meta, progress, no_decay) -> TrainResult:
+           allow_change, meta, progress, no_decay, cleanup) -> TrainResult:
     device, lead = ranks.device, ranks.rank == 0
     net = Net(model, objective).to(device)
     own = net.own
@@ -213,6 +215,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     run = RunFolder(Path(out), model, own, cfg, meta) if out is not None and lead else None
     plan = None
     if run:
+        cleanup.callback(run.unlock)
         try:
             plan = run.begin(resume, overwrite, set(allow_change))
         except (ValueError, CheckpointError) as err:

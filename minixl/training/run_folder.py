@@ -102,13 +102,58 @@ class Window:
         return row
 
 
+def lock_holder(folder: Path) -> str:
+    """Who holds the lock on `folder`, as 'process PID (its command line)', read from
+    /proc/locks (Linux); 'another process' where that cannot be read."""
+    try:
+        inode = os.stat(folder).st_ino
+        for line in Path("/proc/locks").read_text().splitlines():
+            parts = line.split()  # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"
+            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].split(":")[-1] == str(inode):
+                command = Path(f"/proc/{parts[4]}/cmdline").read_bytes()
+                command = command.replace(b"\0", b" ").decode(errors="replace").strip()
+                return f"process {parts[4]}" + (f" ({command})" if command else "")
+    except (OSError, ValueError):
+        pass
+    return "another process"
+
+
 class RunFolder:
-    """An output folder: checkpoint.pt, metrics.csv and loss.png (rank 0 alone writes it)."""
+    """An output folder: checkpoint.pt, metrics.csv and loss.png (rank 0 alone writes it).
+    A run holds an advisory lock on the folder from `begin` until `unlock` (or its end, by
+    any means: the operating system drops the lock with the process), so that a second run
+    into the same folder stops at once instead of overwriting the first one's files. `eval`
+    and `sample` take no lock: they may read a folder in use."""
 
     def __init__(self, out: Path, model, own, cfg, meta: dict):
         self.out, self.ckpt = out, out / CHECKPOINT
         self.model, self.own, self.opt, self.cfg, self.meta = model, own, None, cfg, meta
         self.saved, self._log, self._writer = 0, None, None
+        self._lock, self._made = None, False
+
+    def lock(self) -> None:
+        """Take the folder's lock (creating the folder), or stop with one line that names
+        the process that holds it."""
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): no lock
+            return
+        self._made = not self.out.exists()
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.out, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ValueError(f"{self.out} is in use by another run, {lock_holder(self.out)}: "
+                             "wait for it to end, or choose another --out") from None
+        self._lock = fd
+
+    def unlock(self) -> None:
+        """Drop the folder's lock (a refused run also removes the folder it made, if empty)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     @staticmethod
     def identity(model_config: dict, train_config: dict, meta: dict) -> dict:
@@ -121,6 +166,16 @@ class RunFolder:
         """Check the folder against --resume/--overwrite and a checkpoint against this run:
         {"ckpt": the checkpoint (None for a new run), "changed": the allowed changes, "cfg":
         this run's settings as a dict}, which every process then restores."""
+        self.lock()
+        try:
+            return self._begin(resume, overwrite, allow)
+        except BaseException:
+            self.unlock()
+            if self._made and not any(self.out.iterdir()):  # a refusal leaves nothing behind
+                self.out.rmdir()
+            raise
+
+    def _begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
         ours = [p for p in (self.ckpt, self.out / METRICS, self.out / PLOT) if p.exists()]
         if resume and overwrite:
             raise ValueError("--resume continues the run in the folder and --overwrite deletes "
