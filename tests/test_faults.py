@@ -92,3 +92,14 @@ def test_a_refused_run_leaves_no_folder_behind(tmp_path, small_corpus):
     out = tmp_path / "never"
     assert main(train_args("char", out, 2, "--corpus", str(small_corpus), "--resume")) == 2
     assert not out.exists()
+
+
+def test_an_out_that_is_a_file_is_one_clear_line(tmp_path, small_corpus, capsys):
+    from minixl.cli import main
+
+    out = tmp_path / "a-file"
+    out.write_bytes(b"keep me")
+    assert main(train_args("char", out, 2, "--corpus", str(small_corpus))) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"minixl train: error: --out {out} is a file: name a folder for the run"
+    assert out.read_bytes() == b"keep me"

@@ -138,8 +138,14 @@ class RunFolder:
             import fcntl
         except ImportError:  # no flock (Windows): no lock
             return
-        self._made = not self.out.exists()
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a file: name a folder for the run")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        try:  # exactly one of two runs starting at once makes the folder
+            self.out.mkdir()
+            self._made = True
+        except FileExistsError:
+            self._made = False
         fd = os.open(self.out, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -166,13 +172,15 @@ class RunFolder:
         """Check the folder against --resume/--overwrite and a checkpoint against this run:
         {"ckpt": the checkpoint (None for a new run), "changed": the allowed changes, "cfg":
         this run's settings as a dict}, which every process then restores."""
-        self.lock()
+        self.lock()  # refused: the folder is someone else's, left as it is
         try:
             return self._begin(resume, overwrite, allow)
         except BaseException:
-            self.unlock()
-            if self._made and not any(self.out.iterdir()):  # a refusal leaves nothing behind
+            # a refusal leaves nothing behind: the folder this run made goes, while it still
+            # holds the lock (no other run can be using it)
+            if self._made and not any(self.out.iterdir()):
                 self.out.rmdir()
+            self.unlock()
             raise
 
     def _begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
