@@ -400,7 +400,6 @@ _ANY_NUMBER = re.compile(r"(?<![0-9A-Za-wyz_.,])[-\u2212+]?(?:\d{1,3}(?:,\d{3})+
 _MARKER = re.compile(r"<!--\s*(paper|given|derived|from\s+chapter\s+\d+)\s*:(.*?)-->",
                      re.S | re.I)
 _ABOUT = re.compile(r"\b(?:about|roughly|around|nearly|almost|some)\s+$")
-_REF = r"[A-Z]?\d+(?:\.\d+)+|[A-Z]?\d+"
 _NOT_QUOTED = [
     re.compile(r"<!--.*?-->", re.S),
     re.compile(r"```.*?```", re.S),
@@ -451,36 +450,43 @@ def _printed(cells: list[dict]) -> list[list[tuple[float, int, str]]]:
             for c in cells if c["cell_type"] == "code"]
 
 
+def _close(y: float, v: float, places: int) -> bool:
+    """Does y read as v when written with `places` decimals?"""
+    return abs(y - v) <= 0.5 * 10 ** -places + 1e-12
+
+
 def _matches(token: str, printed, about: bool = False, scale: int = 0) -> bool:
     """Is token what one of the printed numbers says, to token's digits? The number must be
     printed with at least token's decimals; a signed token needs the same sign; with `about`,
     an integer's trailing zeros are rounding ("about 3,100" reads 3,067). `scale`: the
     token counts in units of 10**scale (0.89M against a printed 891,648: scale 6)."""
     v, places = _value(token), _places(token)
-    printed = [(y / 10 ** scale, p + scale, t) for y, p, t in printed]
     signed = token[0] in "-\u2212+"
     if about and not places:
         digits = token.replace(",", "").lstrip("-\u2212+")
         places = -(len(digits) - len(digits.rstrip("0") or "0"))
-    return any(p >= max(places, 0) and abs((y if signed else abs(y)) - (v if signed else abs(v)))
-               <= 0.5 * 10 ** -places + 1e-12 for y, p, _ in printed)
+    if not signed:
+        v = abs(v)
+    return any(p + scale >= max(places, 0)
+               and _close(y / 10 ** scale if signed else abs(y) / 10 ** scale, v, places)
+               for y, p, _ in printed)
 
 
 def _arithmetic(expr: str) -> float:
     """The value of + - * / and brackets on numbers, and nothing else."""
     import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
 
     def value(node):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult,
-                                                                 ast.Div)):
-            a, b = value(node.left), value(node.right)
-            ops = {ast.Add: a.__add__, ast.Sub: a.__sub__, ast.Mult: a.__mul__,
-                   ast.Div: a.__truediv__}
-            return ops[type(node.op)](b)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](value(node.left), value(node.right))
         raise ValueError("only numbers, + - * / and brackets")
 
     return value(ast.parse(expr.replace(",", "").replace("\u2212", "-"), mode="eval").body)
@@ -503,7 +509,7 @@ def _derived(listed: str, printed) -> tuple[list[str], list[str]]:
                             f"({err})")
             continue
         places = _places(result)
-        if abs(got - _value(result)) > 0.5 * 10 ** -places + 1e-12:
+        if not _close(got, _value(result), places):
             problems.append(f"derived: {expr} is {got:.{places + 2}f}, not {result}")
         for operand in _ANY_NUMBER.findall(expr):
             if not _matches(operand.lstrip("+"), printed):
@@ -531,11 +537,13 @@ def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
     cells = json.loads(nb_path.read_text())["cells"]
     per_cell = _printed(cells)
     everything = [n for numbers in per_cell for n in numbers]
+    other_chapters: dict[int, list] = {}  # chapter number -> its printed numbers, read once
     where = md_path.relative_to(ROOT)
-    problems, code_cell, pos = [], 0, 0
+    problems, above, code_cell, pos = [], [], 0, 0
     for cell in cells:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code":
+            above += per_cell[code_cell]  # the numbers printed by the code cells so far
             code_cell += 1
             continue
         if cell["cell_type"] != "markdown":
@@ -563,9 +571,12 @@ def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
                 problems += [f"{where}:{first_line}: {w}" for w in wrong]
             elif kind.startswith("from"):
                 number = int(kind.split()[-1])
-                other = sorted(NBS.glob(f"{number:02d}_*.ipynb"))
-                theirs = ([n for ns in _printed(json.loads(other[0].read_text())["cells"])
-                           for n in ns] if other else [])
+                if number not in other_chapters:
+                    other = sorted(NBS.glob(f"{number:02d}_*.ipynb"))
+                    other_chapters[number] = [
+                        n for ns in (_printed(json.loads(other[0].read_text())["cells"])
+                                     if other else []) for n in ns]
+                theirs = other_chapters[number]
                 for token in _QUOTED.findall(listed):
                     exempt[token] += 1
                     if not _matches(token, theirs):
@@ -581,7 +592,6 @@ def quoted_number_problems(md_path: Path, nb_path: Path) -> list[str]:
             if exempt[token] > 0:
                 exempt[token] -= 1
                 continue
-            above = [n for numbers in per_cell[:code_cell] for n in numbers]
             about = bool(_ABOUT.search(prose[max(0, m.start() - 12):m.start()]))
             scale = {"K": 3, "M": 6, "G": 9}.get(prose[m.end():m.end() + 1], 0)
             if _matches(token, above, about=about, scale=scale):

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "check_resume"]
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "check_resume",
+           "saved_config"]
 
 FORMAT = "minixl-checkpoint-2"
 NEEDED = ("step", "model", "model_config", "meta")  # what evaluation and sampling read
@@ -125,3 +126,12 @@ def check_resume(saved: dict, wanted: dict, *, fixed: set[str], allow: set[str])
         raise CheckpointError("the checkpoint was trained with other settings:\n"
                               + "\n".join(lines) + "\n" + how)
     return diff
+
+
+def saved_config(config_type: type, saved: dict) -> dict:
+    """A checkpoint's model config, whole: a field the checkpoint predates has the value it
+    meant (the config class's LEGACY, e.g. SegTreeConfig's rule 'bpt'), else its default."""
+    from dataclasses import MISSING, fields
+
+    defaults = {f.name: f.default for f in fields(config_type) if f.default is not MISSING}
+    return defaults | getattr(config_type, "LEGACY", {}) | saved

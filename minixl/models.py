@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from .aux_losses import AuxLossConfig, AuxLosses, AuxObjective
 from .char_transformer import CharTransformer, CharTransformerConfig
-from .checkpoint import CheckpointError, load_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, saved_config
 from .kinds import (DEFAULT_MODEL, KINDS, ModelKind, Objective, Preset, kind_of, model_fields,
                     paper_presets, register, resolve_preset, with_overrides)
 from .options import Option
@@ -49,9 +49,7 @@ def model_from_checkpoint(ckpt: dict | str | Path) -> nn.Module:
                               f"expected one of {', '.join(KINDS)})")
     kind = KINDS[name]
     try:
-        # a field the checkpoint predates: the value it meant (config.LEGACY), else the default
-        saved = {**getattr(kind.config, "LEGACY", {}), **ckpt["model_config"]}
-        model = kind.build(kind.config(**saved))
+        model = kind.build(kind.config(**saved_config(kind.config, ckpt["model_config"])))
         model.load_state_dict(ckpt["model"])
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"the checkpoint's weights do not fit its --model {name} config: "

@@ -52,9 +52,10 @@ def test_a_second_run_into_a_folder_in_use_stops_at_once_naming_the_first(tmp_pa
             assert f"{out} is in use by another run, process {first.pid}" in lines[0], lines
             assert "minixl" in lines[0] and "choose another --out" in lines[0]
         assert first.poll() is None  # the first run goes on, its files untouched
-        before = (out / "metrics.csv").read_text().count("\n")
-        time.sleep(0.5)
-        assert (out / "metrics.csv").read_text().count("\n") > before
+        before, deadline = (out / "metrics.csv").read_text().count("\n"), time.monotonic() + 120
+        while (out / "metrics.csv").read_text().count("\n") <= before:  # however slow a step
+            assert first.poll() is None and time.monotonic() < deadline, "the first run stalled"
+            time.sleep(0.01)
         # eval and sample may read a folder in use; here there is no checkpoint yet to read
         first.send_signal(signal.SIGINT)  # it stops after its step, with a checkpoint
         _, err = first.communicate(timeout=120)

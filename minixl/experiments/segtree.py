@@ -83,36 +83,37 @@ def bench_report(rows: list[dict]) -> str:
     def of(method):
         return {r["n"]: r for r in rows if r["method"] == method}
 
+    def ratio(a, b, n, key):  # rows from a CSV hold strings
+        return float(a[n][key]) / max(float(b[n][key]), 1e-9)
+
     tree, sdpa = of("segtree"), of("dense-fused")
     shared = sorted(set(tree) & set(sdpa))
     lines = [f"one causal attention layer (width 64, 4 heads, batch 1), forward + backward, "
              f"on {rows[0]['device']}; the fastest of {rows[0]['rounds']} interleaved rounds:"]
     for n in shared:
-        medians = float(sdpa[n]["median_seconds"]) / float(tree[n]["median_seconds"])
-        lines.append(f"  n={n}: dense fused / segtree time {sdpa[n]['seconds'] / tree[n]['seconds']:.2f}x "
-                     f"({medians:.2f}x on the medians), "
-                     f"segtree / dense fused peak memory {tree[n]['peak_mb'] / max(sdpa[n]['peak_mb'], 1e-9):.2f}x")
+        lines.append(f"  n={n}: dense fused / segtree time {ratio(sdpa, tree, n, 'seconds'):.2f}x "
+                     f"({ratio(sdpa, tree, n, 'median_seconds'):.2f}x on the medians), "
+                     f"segtree / dense fused peak memory {ratio(tree, sdpa, n, 'peak_mb'):.2f}x")
     long = sorted(n for n in tree if n >= 1024)
     if len(long) > 1:
         slope = loglog_slope(long, [tree[n]["seconds"] for n in long])
         lines.append(f"  segtree time slope over n = {long[0]}..{long[-1]}: {slope:.2f} "
                      f"(goal <= 1.1: {'met' if slope <= 1.1 else 'NOT met'})")
     if 16384 in shared:
-        speed = sdpa[16384]["seconds"] / tree[16384]["seconds"]
-        mem = tree[16384]["peak_mb"] / max(sdpa[16384]["peak_mb"], 1e-9)
-        median = float(sdpa[16384]["median_seconds"]) / float(tree[16384]["median_seconds"])
+        speed, mem = ratio(sdpa, tree, 16384, "seconds"), ratio(tree, sdpa, 16384, "peak_mb")
+        median = ratio(sdpa, tree, 16384, "median_seconds")
         lines.append(f"  at 16,384: {speed:.1f}x faster (goal >= 8: "
                      f"{'met' if speed >= 8 else 'NOT met'}; {median:.1f}x on the medians of the "
                      f"rounds), {mem:.2f}x the memory (goal <= 2: {'met' if mem <= 2 else 'NOT met'})")
     faster = [n for n in shared if n >= 2048]
     if faster:
-        ok = all(tree[n]["seconds"] < sdpa[n]["seconds"] for n in faster)
+        ok = all(ratio(tree, sdpa, n, "seconds") < 1 for n in faster)
         lines.append(f"  faster than dense fused at every n >= 2,048 measured: "
                      f"{'met' if ok else 'NOT met'}")
     floor = of("segtree-projections")
     if 16384 in floor and 16384 in sdpa:
         lines.append(f"  the SegTree layer without its attention (projections over 2n - 1 "
-                     f"nodes) already takes {floor[16384]['peak_mb'] / max(sdpa[16384]['peak_mb'], 1e-9):.2f}x "
+                     f"nodes) already takes {ratio(floor, sdpa, 16384, 'peak_mb'):.2f}x "
                      f"the dense layer's peak memory at 16,384")
     return "\n".join(lines)
 

@@ -17,12 +17,13 @@ import csv
 import math
 import os
 import time
-from dataclasses import MISSING, asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import FORMAT, CheckpointError, check_resume, load_checkpoint, save_checkpoint
+from ..checkpoint import (FORMAT, CheckpointError, check_resume, load_checkpoint,
+                          save_checkpoint, saved_config)
 from . import state as states
 from .optim import load_optimizer_state
 
@@ -134,10 +135,6 @@ class RunFolder:
     def lock(self) -> None:
         """Take the folder's lock (creating the folder), or stop with one line that names
         the process that holds it."""
-        try:
-            import fcntl
-        except ImportError:  # no flock (Windows): no lock
-            return
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"--out {self.out} is a file: name a folder for the run")
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -146,6 +143,10 @@ class RunFolder:
             self._made = True
         except FileExistsError:
             self._made = False
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): the folder, but no lock
+            return
         fd = os.open(self.out, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -156,7 +157,7 @@ class RunFolder:
         self._lock = fd
 
     def unlock(self) -> None:
-        """Drop the folder's lock (a refused run also removes the folder it made, if empty)."""
+        """Drop the folder's lock."""
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
@@ -196,18 +197,13 @@ class RunFolder:
             raise ValueError(f"--resume: there is no checkpoint at {self.ckpt} to resume from")
         if allow and not resume:
             raise ValueError("--allow-change applies to --resume only")
-        self.out.mkdir(parents=True, exist_ok=True)
         if not resume:
             for path in ours:
                 path.unlink()
             return {"ckpt": None, "changed": {}, "cfg": asdict(self.cfg)}
         ckpt = load_checkpoint(self.ckpt, for_resume=True)
         model_config = asdict(self.model.config)
-        # a setting added to the model since the checkpoint was written: the value the
-        # checkpoint meant (the config's LEGACY), else its default
-        saved_model = ({f.name: f.default for f in fields(self.model.config)
-                        if f.default is not MISSING}
-                       | getattr(type(self.model.config), "LEGACY", {}) | ckpt["model_config"])
+        saved_model = saved_config(type(self.model.config), ckpt["model_config"])
         saved_meta = dict(ckpt["meta"])
         if "objective" not in self.meta and saved_meta.get("objective") == LEGACY_OBJECTIVE:
             del saved_meta["objective"]
