@@ -49,6 +49,7 @@ _NAMES = {
     'SEP': 'xlnet',
     'SHAW_FORMS': 'relative_attention',
     'SHAW_GATHER_PAIRS': 'relative_attention',
+    'SaveFailed': 'training',
     'SegTreeAttention': 'segtree',
     'SegTreeBlock': 'segtree',
     'SegTreeConfig': 'segtree',

@@ -47,21 +47,58 @@ class CheckpointError(RuntimeError):
 def save_checkpoint(path: Path, payload: dict) -> None:
     """torch.save to a temporary file beside path, then rename: a crash never leaves half a file.
 
-    Temporary files that an earlier, killed save left behind are removed first.
+    Temporary files that an earlier, killed save left behind are removed first (a run holds
+    its folder's lock, so no other save is writing them). A write that fails (no space, file
+    too large, no permission, an I/O error) raises that OSError, naming `path`, with the
+    temporary file removed and whatever was at `path` untouched.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f"{path.name}.*.part"):
         stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp makes it private)
         with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
+            writer = _Writer(f)
+            try:
+                torch.save(payload, writer)
+            except RuntimeError:  # torch reports a failed write as its own error, without
+                if writer.error is None:  # the reason: raise the OSError it met instead
+                    raise
+                raise writer.error from None
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+class _Writer:
+    """A file that remembers the first OSError a write met (torch.save hides it)."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_checkpoint(path: Path, *, for_resume: bool = False) -> dict:

@@ -32,8 +32,9 @@ from .options import CHECKPOINT, CORPUS, DEVICE, Option, add_options, flag, pare
 __all__ = ["main", "build_parser"]
 
 ERRORS = (ValueError, CheckpointError, DownloadError, OSError)
-EPILOG = ("exit codes: 0 done, 2 bad input, 3 training diverged, 130/143 stopped by "
-          "SIGINT/SIGTERM (checkpoint saved)")
+EPILOG = ("exit codes: 0 done, 2 bad input, 3 training diverged, 4 the run folder could not "
+          "be written (disk full, file too large, no permission, I/O error; the last checkpoint "
+          "is kept), 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)")
 
 # The trainer's settings (minixl.training.TrainConfig) a flag may override; unset flags
 # keep the preset's value.
@@ -125,7 +126,7 @@ def _default_out(kind, preset: str) -> str:
 # ---------------------------------------------------------------- train
 
 def cmd_train(args) -> int:
-    from .training import TrainingDiverged, TrainingInterrupted
+    from .training import SaveFailed, TrainingDiverged, TrainingInterrupted
     from .training.distributed import process_group
 
     # Under torchrun every process runs this; the process group is held for the whole command,
@@ -147,6 +148,10 @@ def cmd_train(args) -> int:
             if ranks.rank == 0:
                 print(f"minixl train: {err}", file=sys.stderr)
             return 3
+        except SaveFailed as err:
+            if ranks.rank == 0:
+                print(f"minixl train: {err}", file=sys.stderr)
+            return 4
 
 
 def _train(args, ranks) -> int:

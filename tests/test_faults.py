@@ -1,8 +1,12 @@
 """Faults a user meets while a run writes its folder, met as the user meets them: real
-processes of `minixl train`, a real SIGKILL. (A full disk and a read-only folder are still
-to come.)"""
+processes of `minixl train`, a real SIGKILL, a real file-size limit (writes fail with EFBIG)
+and, where the test may mount one, a real tiny filesystem (ENOSPC)."""
 
+import csv
+import hashlib
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import train_args
 
@@ -104,3 +109,136 @@ def test_an_out_that_is_a_file_is_one_clear_line(tmp_path, small_corpus, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"minixl train: error: --out {out} is a file: name a folder for the run"
     assert out.read_bytes() == b"keep me"
+
+
+# ---------------------------------------------------------------- failed saves
+
+def _file_limit(size: int):
+    """For preexec_fn: files of this process may not grow past `size` bytes; a write past it
+    fails with EFBIG (SIGXFSZ ignored, as Python itself does), as a full disk would."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return limit
+
+
+def _run(out: Path, corpus: Path, steps: int, *extra: str, limit: int | None = None):
+    return subprocess.run(_cli(out, corpus, steps, "--ckpt-every", "2", *extra),
+                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300,
+                          preexec_fn=_file_limit(limit) if limit else None)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _one_line(result) -> str:
+    """What the user sees on stderr: exactly one line, no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def _losses(out: Path) -> list[tuple[str, str]]:
+    with open(out / "metrics.csv") as f:
+        return [(r["step"], r["train_bpc"]) for r in csv.DictReader(f)]
+
+
+def _weights(out: Path) -> dict:
+    from minixl.checkpoint import load_checkpoint
+
+    return load_checkpoint(out / "checkpoint.pt")["model"]
+
+
+@pytest.mark.slow
+def test_a_save_that_cannot_be_written_keeps_the_last_checkpoint_and_resumes_exactly(
+        tmp_path, small_corpus):
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert _run(whole, small_corpus, 6).returncode == 0  # never interrupted
+    assert _run(out, small_corpus, 2).returncode == 0
+    kept, rows = _digest(out / "checkpoint.pt"), (out / "metrics.csv").read_text()
+    size = (out / "checkpoint.pt").stat().st_size
+
+    # the next save (step 4) cannot be written: files may not grow past half a checkpoint
+    failed = _run(out, small_corpus, 6, "--resume", "--allow-change", "steps", limit=size // 2)
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert line.startswith(f"minixl train: could not write the checkpoint of step 4 to "
+                           f"{out / 'checkpoint.pt'}: ") and "(EFBIG)" in line, line
+    assert (f"the checkpoint of step 2 in {out / 'checkpoint.pt'} is kept, and metrics.csv "
+            "ends at that step" in line and "ulimit -f" in line and "--resume" in line), line
+    assert _digest(out / "checkpoint.pt") == kept  # nothing lost
+    assert (out / "metrics.csv").read_text() == rows  # steps 3 and 4 are not in it
+    assert not list(out.glob("*.part"))
+
+    again = _run(out, small_corpus, 6, "--resume", "--allow-change", "steps")
+    assert again.returncode == 0, again.stderr
+    assert _losses(out) == _losses(whole)
+    mine, theirs = _weights(out), _weights(whole)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)  # bit-exact
+
+
+@pytest.mark.slow
+def test_a_first_save_that_cannot_be_written_leaves_nothing_behind(tmp_path, small_corpus):
+    out = tmp_path / "run"
+    failed = _run(out, small_corpus, 4, limit=50_000)  # a checkpoint is about 230 KB
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert "could not write the checkpoint of step 2" in line, line
+    assert "no checkpoint had been saved, so nothing of this run is kept" in line, line
+    assert "start it again" in line, line
+    assert not out.exists()  # the folder it made, empty, is gone: a plain re-run works
+    assert _run(out, small_corpus, 4).returncode == 0
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MB tmpfs, where this process may mount one (root on Linux); else a skip that
+    says why."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8); the file-size-limit tests "
+                    "cover failed saves")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    """Take every free byte of `disk`."""
+    st = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:
+        f.write(b"x" * (st.f_bavail * st.f_frsize))
+    assert os.statvfs(disk).f_bavail == 0
+
+
+@pytest.mark.slow
+def test_a_full_disk_in_a_save_or_a_metrics_row_keeps_the_last_checkpoint(tiny_disk,
+                                                                          small_corpus):
+    out = tiny_disk / "run"
+    assert _run(out, small_corpus, 2).returncode == 0
+    kept, rows = _digest(out / "checkpoint.pt"), (out / "metrics.csv").read_text()
+    _fill(tiny_disk)
+    # a checkpoint at step 4 finds no room
+    failed = _run(out, small_corpus, 6, "--resume", "--allow-change", "steps")
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert "could not write the checkpoint of step 4" in line and "(ENOSPC)" in line, line
+    assert "the checkpoint of step 2" in line and "free space" in line, line
+    assert _digest(out / "checkpoint.pt") == kept and (out / "metrics.csv").read_text() == rows
+    # no checkpoint for a long while: metrics.csv outgrows its last page of the disk
+    failed = _run(out, small_corpus, 400, "--resume", "--allow-change", "steps",
+                  "--ckpt-every", "1000")
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert "could not write the metrics of step " in line and "metrics.csv: " in line, line
+    assert "(ENOSPC)" in line and "the checkpoint of step 2" in line, line
+    assert _digest(out / "checkpoint.pt") == kept and (out / "metrics.csv").read_text() == rows
+    (tiny_disk / "filler").unlink()  # space again: the run goes on from step 2
+    again = _run(out, small_corpus, 6, "--resume", "--allow-change", "steps")
+    assert again.returncode == 0, again.stderr
+    assert [step for step, _ in _losses(out)] == [str(i) for i in range(1, 7)]

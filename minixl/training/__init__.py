@@ -14,10 +14,10 @@ step that both the loop and the benchmark run. The rest can be skipped on a firs
 
 from .loop import Net, TrainConfig, TrainResult, next_byte_objective, train, train_step
 from .optim import decay_groups, decays, make_optimizer
-from .run_folder import TrainingDiverged
+from .run_folder import SaveFailed, TrainingDiverged
 from .setup import build_model, run_settings, setup_run
 from .signals import TrainingInterrupted
 
-__all__ = ["TrainConfig", "TrainResult", "TrainingInterrupted", "TrainingDiverged", "train",
-           "train_step", "next_byte_objective", "Net", "decays", "decay_groups",
+__all__ = ["TrainConfig", "TrainResult", "TrainingInterrupted", "TrainingDiverged", "SaveFailed",
+           "train", "train_step", "next_byte_objective", "Net", "decays", "decay_groups",
            "make_optimizer", "setup_run", "run_settings", "build_model"]

@@ -37,7 +37,7 @@ from ..device import autocast, distributed_env
 from . import state as states
 from .distributed import process_group, wrap_ddp
 from .optim import DECAY_ON, make_optimizer
-from .run_folder import CHECKPOINT, RunFolder, TrainingDiverged, Window, restore
+from .run_folder import CHECKPOINT, RunFolder, SaveFailed, TrainingDiverged, Window, restore
 from .signals import StopNow, Stopper, TrainingInterrupted
 
 __all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "Net", "train_step", "train"]
@@ -256,8 +256,15 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             raise TrainingDiverged(done, cfg.lr, f"{run.ckpt} (step {run.saved})"
                                    if run and run.saved else "none")
+        failed = None
         if run:
-            run.save(done, whole)
+            try:
+                run.save(done, whole)
+            except SaveFailed as err:
+                failed = err
+        failed = ranks.broadcast(failed)  # every process stops at a failed save
+        if failed is not None:
+            raise failed
 
     def log_row(done: int, valid, lr: float) -> None:
         row = log.row(done, valid, lr=lr, t0=t0, run=run)

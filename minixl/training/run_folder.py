@@ -14,6 +14,7 @@ Hand-written shared machinery (not generated); a reader of the loop can skip it.
 from __future__ import annotations
 
 import csv
+import errno
 import math
 import os
 import time
@@ -28,7 +29,7 @@ from . import state as states
 from .optim import load_optimizer_state
 
 __all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "Window",
-           "restore", "TrainingDiverged"]
+           "restore", "TrainingDiverged", "SaveFailed"]
 
 CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # Settings a resumed run may change freely: they do not change what is learned (grad_accum
@@ -53,6 +54,23 @@ class TrainingDiverged(Exception):
         super().__init__(f"training diverged: the loss or gradient norm was not finite at step "
                          f"{step}; nothing was saved after it, and the last good checkpoint is "
                          f"{last_good}. Try a smaller --lr (this run: {lr:g})")
+
+
+class SaveFailed(Exception):
+    """The run folder could not be written (no space, file too large, no permission, an I/O
+    error); the folder was put back to its last checkpoint (see RunFolder.failed)."""
+
+
+# what a failed write's errno means, and what to do about it
+WHY = {errno.ENOSPC: ("the disk is full", "free space on it"),
+       errno.EDQUOT: ("the disk quota is used up", "free space or raise the quota"),
+       errno.EFBIG: ("the file would exceed this process's file-size limit",
+                     "raise the limit (ulimit -f)"),
+       errno.EACCES: ("no permission to write there", "make the folder writable"),
+       errno.EPERM: ("no permission to write there", "make the folder writable"),
+       errno.EROFS: ("the filesystem is read-only", "remount it writable or copy the folder"),
+       errno.EIO: ("an input/output error (a failing disk or network filesystem)",
+                   "check the disk")}
 
 
 class Window:
@@ -131,6 +149,8 @@ class RunFolder:
         self.model, self.own, self.opt, self.cfg, self.meta = model, own, None, cfg, meta
         self.saved, self._log, self._writer = 0, None, None
         self._lock, self._made = None, False
+        # metrics.csv's size when the last checkpoint was saved (None: it did not exist then)
+        self._good = None
 
     def lock(self) -> None:
         """Take the folder's lock (creating the folder), or stop with one line that names
@@ -222,51 +242,103 @@ class RunFolder:
         return {"ckpt": ckpt, "changed": changed, "cfg": asdict(self.cfg)}
 
     def save(self, step: int, state) -> None:
-        """Save a checkpoint of `step` (atomically); the caller has checked the weights."""
-        save_checkpoint(self.ckpt, {
-            "format": FORMAT, "step": step, "model": self.model.state_dict(),
-            "model_config": asdict(self.model.config), "meta": self.meta,
-            "train_config": asdict(self.cfg), "objective": self.own.state_dict(),
-            "optimizer": self.opt.state_dict(),
-            "state": states.encode(states.to_device(state, "cpu")),
-        })
-        self.saved = step
+        """Save a checkpoint of `step` (atomically); the caller has checked the weights.
+        A failed write raises SaveFailed, with the folder as it was at the last checkpoint."""
+        try:
+            save_checkpoint(self.ckpt, {
+                "format": FORMAT, "step": step, "model": self.model.state_dict(),
+                "model_config": asdict(self.model.config), "meta": self.meta,
+                "train_config": asdict(self.cfg), "objective": self.own.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "state": states.encode(states.to_device(state, "cpu")),
+            })
+        except OSError as err:
+            raise self.failed(self.ckpt, err, f"the checkpoint of step {step}") from None
+        self.saved, self._good = step, self._size(self.out / METRICS)
 
     def write(self, row: dict) -> None:
         """Append a metrics row to metrics.csv (losses to 4 decimals)."""
         row = {k: "" if v is None else v if isinstance(v, int) else f"{v:.4g}" if k in (
             "grad_norm", "lr", "tokens_per_s") else f"{v:.1f}" if k == "elapsed_s" else f"{v:.4f}"
             for k, v in row.items()}
-        if self._log is None:
-            path = self.out / METRICS
-            old = path.exists() and path.stat().st_size > 0
-            fieldnames = next(csv.reader(open(path))) if old else list(row)
-            self._log = open(path, "a" if old else "w", newline="")
-            self._writer = csv.DictWriter(self._log, fieldnames=fieldnames, extrasaction="ignore")
-            if not old:
-                self._writer.writeheader()
-        self._writer.writerow(row)
-        self._log.flush()
+        path = self.out / METRICS
+        try:
+            if self._log is None:
+                old = path.exists() and path.stat().st_size > 0
+                fieldnames = next(csv.reader(open(path))) if old else list(row)
+                self._log = open(path, "a" if old else "w", newline="")
+                self._writer = csv.DictWriter(self._log, fieldnames=fieldnames,
+                                              extrasaction="ignore")
+                if not old:
+                    self._writer.writeheader()
+            self._writer.writerow(row)
+            self._log.flush()
+        except OSError as err:
+            raise self.failed(path, err, f"the metrics of step {row['step']}") from None
 
     def close(self) -> None:
         if self._log is not None:
-            self._log.close()
+            log, self._log = self._log, None
+            try:
+                log.close()
+            except OSError:  # what it could not write is past the last checkpoint (failed)
+                pass
 
     def trim(self, step: int) -> None:
-        """On resume, drop metrics rows logged after the checkpoint's step: they are redone."""
+        """On resume, drop metrics rows logged after the checkpoint's step: they are redone.
+        The file is cut after its last row of a step <= `step` (in place: it needs no space)."""
         path = self.out / METRICS
-        if not path.exists():
-            return
-        with open(path) as f:
-            rows = list(csv.DictReader(f))
-            names = rows and list(rows[0])
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "w", newline="") as f:  # then renamed: a crash keeps the old file
-            if names:
-                w = csv.DictWriter(f, fieldnames=names)
-                w.writeheader()
-                w.writerows(r for r in rows if int(r["step"]) <= step)
-        os.replace(tmp, path)
+        if path.exists():
+            with open(path, "rb") as f:
+                lines = f.readlines()
+            keep = len(lines[0]) if lines else 0
+            for line in lines[1:]:
+                head = line.split(b",", 1)[0]
+                # a row of a later step, or one a killed run left half-written, and all after it
+                if not head.isdigit() or int(head) > step or not line.endswith(b"\n"):
+                    break
+                keep += len(line)
+            try:
+                os.truncate(path, keep)
+            except OSError as err:
+                raise self.failed(path, err, f"metrics.csv cut to step {step}") from None
+        self.saved, self._good = step, self._size(path)
+
+    @staticmethod
+    def _size(path: Path) -> int | None:
+        return path.stat().st_size if path.exists() else None
+
+    def failed(self, path: Path, err: OSError, what: str) -> SaveFailed:
+        """A write to `path` failed: put metrics.csv back as it was at the last checkpoint
+        (truncated in place, which needs no space) and say in one line what failed, why,
+        what is kept and what to do."""
+        why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
+        self.close()
+        metrics = self.out / METRICS
+        try:
+            if self._good is None:
+                metrics.unlink(missing_ok=True)
+            else:
+                os.truncate(metrics, self._good)
+            undo = None
+        except OSError as e:
+            undo = e.strerror or str(e)
+        if self.saved:
+            kept = (f"the checkpoint of step {self.saved} in {self.ckpt} is kept, and "
+                    "metrics.csv ends at that step")
+            then = ("then continue with --resume" if self.saved < self.cfg.steps else
+                    "(the run itself is complete)")
+        else:
+            kept = "no checkpoint had been saved, so nothing of this run is kept"
+            then = "then start it again"
+            if self._made and not undo and not any(self.out.iterdir()):
+                self.out.rmdir()  # the folder this run made, empty (we hold its lock)
+        if undo:
+            kept += (f" (metrics.csv could not be cut back, {undo}: --resume drops its rows "
+                     f"after step {self.saved})")
+        code = errno.errorcode.get(err.errno, str(err.errno))
+        return SaveFailed(f"could not write {what} to {path}: {why} ({code}); {kept}; {fix}, "
+                          f"{then}")
 
     def plot(self) -> None:
         """loss.png: training and held-out bits per byte against the step (drawn on a figure
@@ -285,7 +357,14 @@ class RunFolder:
         ax.set(xlabel="step", ylabel="bits per byte", title=self.out.name)
         ax.legend()
         fig.tight_layout()
-        fig.savefig(self.out / PLOT)
+        path = self.out / PLOT
+        tmp = path.with_name(path.name + ".part")
+        try:  # then renamed: a failed write leaves the last plot as it was
+            fig.savefig(tmp, format="png")
+            os.replace(tmp, path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise self.failed(path, err, "the plot") from None
 
 
 def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, say: bool,
