@@ -1,6 +1,10 @@
 """Faults a user meets while a run writes its folder, met as the user meets them: real
-processes of `minixl train`, a real SIGKILL, a real file-size limit (writes fail with EFBIG)
-and, where the test may mount one, a real tiny filesystem (ENOSPC)."""
+processes of `minixl train`; a second run into a folder in use; a real SIGKILL at random
+moments and inside a save; a real file-size limit (writes fail with EFBIG) and, where the
+test may mount one, a real tiny filesystem (ENOSPC); a folder made read-only mid-run (as an
+unprivileged user: root writes through any permission); a damaged metrics.csv. Each asserts
+what the user sees (the exit code, one line) and that nothing was lost (the kept
+checkpoint's bytes, and a resume that ends bit-exactly as an unbroken run)."""
 
 import csv
 import hashlib
@@ -242,3 +246,216 @@ def test_a_full_disk_in_a_save_or_a_metrics_row_keeps_the_last_checkpoint(tiny_d
     again = _run(out, small_corpus, 6, "--resume", "--allow-change", "steps")
     assert again.returncode == 0, again.stderr
     assert [step for step, _ in _losses(out)] == [str(i) for i in range(1, 7)]
+
+
+# ---------------------------------------------------------------- killed hard, at any moment
+
+# `python -c KILL_IN_SAVE N WHERE ARGV...`: minixl's command line, in a process that sends
+# itself SIGKILL inside its Nth checkpoint save: half-way through writing the file ("write")
+# or with the whole file written, just before it replaces the last checkpoint ("rename").
+KILL_IN_SAVE = """
+import os, signal, sys
+from minixl import checkpoint
+from minixl.training import run_folder
+from minixl.cli import main
+target, where = int(sys.argv[1]), sys.argv[2]
+seen = {"saves": 0, "writes": 0}
+def save_checkpoint(path, payload, real=checkpoint.save_checkpoint):
+    seen["saves"], seen["writes"] = seen["saves"] + 1, 0
+    return real(path, payload)
+def write(self, data, real=checkpoint._Writer.write):
+    seen["writes"] += 1
+    if where == "write" and seen["saves"] == target and seen["writes"] == 50:
+        self.f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self, data)
+def replace(src, dst, real=os.replace):
+    if where == "rename" and seen["saves"] == target and str(src).endswith(".part"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(src, dst)
+run_folder.save_checkpoint, checkpoint._Writer.write = save_checkpoint, write
+checkpoint.os.replace = replace
+sys.exit(main(sys.argv[3:]))
+"""
+STEPS = 40
+
+
+def _resumed_exactly(out: Path, whole: Path, corpus: Path) -> None:
+    """--resume continues `out` to the end, ending as the unbroken run `whole` did."""
+    from minixl.checkpoint import load_checkpoint
+
+    kept = load_checkpoint(out / "checkpoint.pt", for_resume=True)["step"]  # a whole file
+    if kept < STEPS:  # (killed after its last save, the run is whole: nothing to resume)
+        again = _run(out, corpus, STEPS, "--resume")
+        assert again.returncode == 0, again.stderr
+    assert _losses(out) == _losses(whole), f"resumed from step {kept}"
+    mine, theirs = _weights(out), _weights(whole)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert not list(out.glob("*.part"))
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory, small_corpus):
+    whole = tmp_path_factory.mktemp("unbroken") / "run"
+    assert _run(whole, small_corpus, STEPS).returncode == 0
+    return whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["write", "rename"])
+def test_a_run_killed_inside_a_save_resumes_exactly_from_its_last_checkpoint(
+        tmp_path, small_corpus, unbroken, where):
+    from minixl.checkpoint import load_checkpoint
+
+    out = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, "3", where,
+                             *_cli(out, small_corpus, STEPS, "--ckpt-every", "2")[3:]],
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 4  # the save of step 6 died
+    assert len(list(out.glob("checkpoint.pt.*.part"))) == 1  # its half (or whole) file
+    _resumed_exactly(out, unbroken, small_corpus)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_run_killed_at_a_random_moment_resumes_exactly(tmp_path, small_corpus, unbroken,
+                                                         seed):
+    import random
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_cli(out, small_corpus, STEPS, "--ckpt-every", "2"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=ENV)
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoint.pt").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no first checkpoint"
+        time.sleep(0.005)
+    time.sleep(random.Random(seed).uniform(0, 0.5))  # somewhere in a step, a save or a row
+    proc.kill()
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:  # it finished first: then it must be whole
+        assert _losses(out) == _losses(unbroken)
+        return
+    assert proc.returncode == -signal.SIGKILL, err
+    _resumed_exactly(out, unbroken, small_corpus)
+
+
+# ---------------------------------------------------------------- permission lost mid-run
+
+# `python -c CHMOD_AT STEP MODE DIR ARGV...`: minixl's command line, in a process that takes
+# its own write permission on DIR away (chmod MODE) as the batch of step STEP is read.
+CHMOD_AT = """
+import os, sys
+from minixl import data
+from minixl.cli import main
+step, mode, folder = int(sys.argv[1]), int(sys.argv[2], 8), sys.argv[3]
+for cls in (data.RandomWindows, data.OrderedStreams):
+    def call(self, i, real=cls.__call__):
+        if i == step:
+            os.chmod(folder, mode)
+        return real(self, i)
+    cls.__call__ = call
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+@pytest.fixture
+def unprivileged(small_corpus):
+    """(a folder and a corpus that an unprivileged user can use, the command prefix that
+    runs as that user): root writes through any permission, so as root the run goes as
+    user 65534 (setpriv); a skip that says why where that cannot be done."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="minixl-faults-"))
+    try:
+        base.chmod(0o777)
+        corpus = base / "corpus.txt"
+        shutil.copy(small_corpus, corpus)
+        corpus.chmod(0o644)
+        prefix = []
+        if os.geteuid() == 0:
+            if shutil.which("setpriv") is None:
+                pytest.skip("running as root, where chmod does not stop a write, and "
+                            "setpriv(1) is not here to run as another user")
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            probe = subprocess.run([*prefix, sys.executable, "-c", "import minixl"],
+                                   capture_output=True, text=True, cwd=ROOT, env=ENV)
+            if probe.returncode != 0:
+                pytest.skip("user 65534 cannot run minixl from this checkout (its folders "
+                            f"are not readable to others): {probe.stderr.strip()[-200:]}")
+        yield base, corpus, prefix
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_folder_made_read_only_mid_run_keeps_the_last_checkpoint(unprivileged, tmp_path,
+                                                                  small_corpus):
+    base, corpus, prefix = unprivileged
+    out = base / "run"
+    env = {**ENV, "HOME": str(base), "MPLCONFIGDIR": str(base / "mpl")}
+
+    def run(*argv: str):
+        return subprocess.run([*prefix, *argv], capture_output=True, text=True, cwd=ROOT,
+                              env=env, timeout=300)
+
+    # step 3 (0-based) takes the write permission away: the save of step 4 cannot be made
+    failed = run(sys.executable, "-c", CHMOD_AT, "3", "555", str(out),
+                 *_cli(out, corpus, 8, "--ckpt-every", "2")[3:])
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert (f"could not write the checkpoint of step 4 to {out / 'checkpoint.pt'}: no "
+            "permission to write there (EACCES)" in line), line
+    assert "the checkpoint of step 2" in line and "make the folder writable" in line, line
+    assert [step for step, _ in _losses(out)] == ["1", "2"]
+    out.chmod(0o755)
+    again = run(*_cli(out, corpus, 8, "--ckpt-every", "2", "--resume"))
+    assert again.returncode == 0, again.stderr
+    whole = tmp_path / "whole"
+    assert _run(whole, corpus, 8).returncode == 0
+    assert _losses(out) == _losses(whole)
+    mine, theirs = _weights(out), _weights(whole)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+# ---------------------------------------------------------------- a damaged metrics.csv
+
+def _damage(text: bytes, how: str) -> bytes:
+    lines = text.splitlines(keepends=True)
+    if how == "junk line":
+        lines.insert(3, b"\x00\xff\xfejunk\n")
+    elif how == "a word for a number":
+        fields = lines[2].split(b",")  # step 2's row
+        lines[2] = b",".join([fields[0], b"abc", *fields[2:]])
+    elif how == "half a row":
+        lines.append(b"5,7.9")
+    elif how == "header":
+        lines[0] = b"\x00\x00garbage\n"
+    return b"".join(lines)
+
+
+@pytest.mark.parametrize("how, steps, warned", [
+    ("junk line", ["1", "2", "3", "4", "5", "6"], "line (4)"),
+    ("a word for a number", ["1", "3", "4", "5", "6"], "line (3)"),
+    ("half a row", ["1", "2", "3", "4", "5", "6"], None),
+    ("header", ["5", "6"], "line (1)"),
+])
+def test_a_damaged_metrics_csv_on_resume_loses_only_the_damaged_lines(tmp_path, small_corpus,
+                                                                      capsys, how, steps,
+                                                                      warned):
+    from minixl.cli import main
+
+    out = tmp_path / "run"
+    args = ("--corpus", str(small_corpus), "--log-every", "1", "--ckpt-every", "2")
+    assert main(train_args("char", out, 4, *args)) == 0
+    metrics = out / "metrics.csv"
+    metrics.write_bytes(_damage(metrics.read_bytes(), how))
+    capsys.readouterr()
+    assert main(train_args("char", out, 6, *args, "--resume", "--allow-change", "steps")) == 0
+    err = capsys.readouterr().err
+    assert [step for step, _ in _losses(out)] == steps
+    if warned:
+        assert f"warning: {metrics} had 1 damaged {warned}, dropped" in err, err
+    else:
+        assert "warning" not in err, err

@@ -17,6 +17,7 @@ import csv
 import errno
 import math
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -119,6 +120,14 @@ class Window:
                 "tokens_per_s": self.tokens / (now - self.t), "elapsed_s": now - t0}
         self.sums, self.n, self.tokens, self.t = {}, 0, 0, now
         return row
+
+
+def _number(field: str) -> bool:
+    """A metrics.csv field: empty (not measured at that step) or a number."""
+    try:
+        return field == "" or float(field) is not None
+    except ValueError:
+        return False
 
 
 def lock_holder(folder: Path) -> str:
@@ -286,22 +295,47 @@ class RunFolder:
 
     def trim(self, step: int) -> None:
         """On resume, drop metrics rows logged after the checkpoint's step: they are redone.
-        The file is cut after its last row of a step <= `step` (in place: it needs no space)."""
+
+        A row a killed run left half-written (the file's last line, cut short) goes silently.
+        Lines that are not rows of this file (damaged) go too, with one line on stderr saying
+        which; the good rows around them stay. Where nothing is damaged the file is cut in
+        place, which needs no space; else it is rewritten beside and renamed."""
         path = self.out / METRICS
+        self.saved, self._good = step, self._size(path)  # a failure below changes nothing
         if path.exists():
-            with open(path, "rb") as f:
-                lines = f.readlines()
-            keep = len(lines[0]) if lines else 0
-            for line in lines[1:]:
-                head = line.split(b",", 1)[0]
-                # a row of a later step, or one a killed run left half-written, and all after it
-                if not head.isdigit() or int(head) > step or not line.endswith(b"\n"):
-                    break
-                keep += len(line)
+            data = path.read_bytes()
+            lines = data.splitlines(keepends=True)
+            if lines and not lines[-1].endswith(b"\n"):
+                lines.pop()  # cut short by a kill
+            header = lines[0] if lines else b""
+            names = header.decode("utf-8", "replace").rstrip("\r\n").split(",")
+            keep, bad = [header], []
+            for i, line in enumerate(lines[1:], start=2):
+                fields = line.decode("utf-8", "replace").rstrip("\r\n").split(",")
+                if (names[0] != "step" or len(fields) != len(names)
+                        or not fields[0].isdigit() or not all(map(_number, fields[1:]))):
+                    bad.append(i)
+                elif int(fields[0]) <= step:
+                    keep.append(line)
+            if lines and names[0] != "step":  # not a metrics file at all: start a new one
+                keep, bad = [], [1]
+            body = b"".join(keep)
             try:
-                os.truncate(path, keep)
+                if not bad and data.startswith(body):
+                    os.truncate(path, len(body))
+                else:
+                    tmp = path.with_name(path.name + ".part")
+                    tmp.write_bytes(body)
+                    os.replace(tmp, path)
             except OSError as err:
                 raise self.failed(path, err, f"metrics.csv cut to step {step}") from None
+            if bad:
+                shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+                print(f"minixl train: warning: {path} had {len(bad)} damaged "
+                      f"line{'s' if len(bad) > 1 else ''} ({shown}), dropped; "
+                      + (f"it keeps its rows up to step {step}" if keep else
+                         "its header was damaged, so it starts again with this run's rows"),
+                      file=sys.stderr)
         self.saved, self._good = step, self._size(path)
 
     @staticmethod
