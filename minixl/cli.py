@@ -72,8 +72,9 @@ def _model_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--model", help="; ".join(f"{k.name}: {k.summary}" for k in KINDS.values())
                    + f" (default {DEFAULT_MODEL}, or the preset's); or MODULE:NAME, a "
-                   "minixl.models.ModelKind of your own")
-    p.add_argument("--preset", help="tiny, small or base of any model (default tiny); or a "
+                   "minixl.kinds.ModelKind of your own")
+    p.add_argument("--preset", help="tiny, small or base of any of the book's models, or one "
+                   "that a model of your own declares (default tiny); or a "
                    "paper-scale preset, which picks its model: " + "; ".join(
                        f"{name} (--model {kind}): {KINDS[kind].presets[name].help}"
                        for name, kind in paper_presets().items()))

@@ -15,7 +15,7 @@ protocol, as the trainer (held-out bpc) and `minixl eval` do:
   a model whose query stream reads a span from both sides (forward(..., masks=...,
   target_mapping=...), Chapter 5), so it has no left-to-right counterpart.
 
-Which protocols suit a model is a fact of its kind (`minixl.models.ModelKind.protocols`);
+Which protocols suit a model is a fact of its kind (`minixl.kinds.ModelKind.protocols`);
 this module only checks that a model can be read the way a protocol reads it.
 """
 

@@ -94,8 +94,12 @@ class ModelKind:
     eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
     field_help: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
+    # the module that declared it ("__main__" in a notebook): set when it is made
+    origin: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
+        if self.origin is None:  # the caller of __init__ (two frames up from here)
+            object.__setattr__(self, "origin", sys._getframe(2).f_globals.get("__name__"))
         names = {f.name for f in fields(self.config)}
         wrong = [self.length] if self.length not in names else []
         wrong += [k for p in self.presets.values() for k in p.model if k not in names]
@@ -176,7 +180,8 @@ def not_for(names: list[str], takers, kind: str) -> str:
             f"{' or '.join(sorted(set(takers))) or '(none)'}, not --model {kind}")
 
 
-KINDS: dict[str, ModelKind] = {}
+if "KINDS" not in globals():  # importlib.reload(minixl.kinds) keeps the registry
+    KINDS: dict[str, ModelKind] = {}
 DEFAULT_MODEL = "char"  # what `minixl train` trains without --model
 
 
@@ -186,18 +191,37 @@ def _known() -> dict[str, ModelKind]:
     return KINDS
 
 
-def register(kind: ModelKind) -> ModelKind:
-    """Add a model kind to KINDS, so that `minixl.setup_run`, `model_from_checkpoint` and the
-    command line (--model NAME) know it; returns it. A name that is taken is an error."""
-    if not isinstance(kind, ModelKind):
-        raise TypeError(f"register() takes a minixl.models.ModelKind, got {type(kind).__name__}")
-    old = _known().get(kind.name)
-    if old is not None and old is not kind:
-        raise ValueError(f"a model kind called {kind.name!r} is registered already"
-                         + (f" (from {old.source})" if old.source else "") + "; give yours "
-                         "another name")
-    KINDS[kind.name] = kind
-    return kind
+def _is_kind(obj) -> bool:
+    """A ModelKind, also one made before importlib.reload(minixl.kinds) made the class anew."""
+    return any(c.__module__ == __name__ and c.__qualname__ == "ModelKind"
+               for c in type(obj).__mro__)
+
+
+def register(*kinds: ModelKind, replace: bool = False) -> ModelKind:
+    """Add model kinds to KINDS, so that `minixl.setup_run`, `model_from_checkpoint` and the
+    command line (--model NAME) know them; returns the last.
+
+    Declaring a kind again in the module that declared it (re-running a notebook cell,
+    reloading a module) replaces it. A name taken by a kind from elsewhere is an error,
+    unless replace=True. All or nothing: if one kind is refused, none is added."""
+    for kind in kinds:
+        if not _is_kind(kind):
+            raise TypeError(f"register() takes minixl.kinds.ModelKind objects, got "
+                            f"{type(kind).__name__}")
+    names = [k.name for k in kinds]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"register() was given two model kinds called {twice[0]!r}")
+    known = _known()  # (inside minixl.models' own import: the kinds it registered so far)
+    for kind in kinds:
+        old = known.get(kind.name)
+        if old is not None and old is not kind and not replace and old.origin != kind.origin:
+            raise ValueError(f"a model kind called {kind.name!r} is registered already "
+                             f"(declared in {old.source or old.origin}); give yours another "
+                             "name, or register(kind, replace=True) to take its place")
+    for kind in kinds:
+        KINDS[kind.name] = kind
+    return kinds[-1]
 
 
 def _import_kind(spec: str) -> ModelKind:
@@ -216,10 +240,10 @@ def _import_kind(spec: str) -> ModelKind:
         raise ValueError(f"--model {spec}: cannot import {module_name} ({err}); run from the "
                          "folder that holds it or put it on PYTHONPATH") from None
     kind = getattr(module, attr, None)
-    if not isinstance(kind, ModelKind):
+    if not _is_kind(kind):
         raise ValueError(f"--model {spec}: {module_name}.{attr} is "
                          f"{'missing' if kind is None else 'a ' + type(kind).__name__}, not a "
-                         "minixl.models.ModelKind")
+                         "minixl.kinds.ModelKind")
     old = KINDS.get(kind.name)
     if old is not None and old.source == spec:
         return old

@@ -32,6 +32,8 @@ __all__ = ["Preset", "Objective", "ModelKind", "KINDS", "DEFAULT_MODEL", "regist
            "paper_presets", "resolve_preset", "model_from_checkpoint", "with_overrides",
            "ShawConfig", "parse_aux_losses", "model_fields", "AUX_OBJECTIVE"]
 
+_BOOK: list[ModelKind] = []  # the book's kinds, registered together below (all or none)
+
 
 def model_from_checkpoint(ckpt: dict | str | Path) -> nn.Module:
     """Rebuild the model a checkpoint holds, with its weights (on the CPU, in eval mode). A
@@ -168,13 +170,13 @@ _CHAR_PRESETS["t12"] = Preset(
 _CHAR_HELP = {"block_size": "the window length", "pos": "absolute positions: per_layer, "
               "sinusoid or none", "norm": "layer norm before (pre) or after (post) each sublayer"}
 
-register(ModelKind(
+_BOOK.append(ModelKind(
     "char", "Chapter 1's CharTransformer, trained on random windows",
     CharTransformerConfig, CharTransformer, "block_size", _CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
     flops=_char_flops, field_help=_CHAR_HELP))
 
-register(ModelKind(
+_BOOK.append(ModelKind(
     "shaw", "Chapter 1's model with Chapter 3's relative attention (--max-relative)",
     ShawConfig, lambda c: CharTransformer(c, attention=shaw_factory(c.max_relative)),
     "block_size", {n: p for n, p in _CHAR_PRESETS.items() if not p.paper},
@@ -217,7 +219,7 @@ _XL_PRESETS = {
                        "and mem 512 (20k steps, not 400k)"),
 }
 
-register(ModelKind(
+_BOOK.append(ModelKind(
     "xl", "Chapter 4's Transformer-XL, on ordered streams with its memory carried",
     TransformerXLConfig, TransformerXL, "tgt_len", _XL_PRESETS, streams=True,
     protocols=("memory", "all-positions", "sliding"),
@@ -285,7 +287,7 @@ _XLNET_PRESETS = {
                           "layers, d 768, windows of 512"),
 }
 
-register(ModelKind(
+_BOOK.append(ModelKind(
     "xlnet", "Chapter 5's XLNet, trained on random windows with the permutation objective",
     XLNetConfig, XLNet, "seq_len", _XLNET_PRESETS, protocols=("infill", "all-positions"),
     objective=Objective(_permutation_objective),
@@ -343,7 +345,7 @@ _SEGTREE_PRESETS = {
                             "d 512, context 8192, BPT's rule with k 64"),
 }
 
-register(ModelKind(
+_BOOK.append(ModelKind(
     "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --rule, --k)",
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
@@ -356,3 +358,5 @@ register(ModelKind(
                 "causal": "no right context (a language model must be causal)",
                 "n_classes": "classes read from the root (0 = none; a language model has "
                              "none)"}))
+
+register(*_BOOK)

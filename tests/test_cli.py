@@ -297,7 +297,7 @@ BAD = [
     (["train", "--model", "no_such_module:KIND"], None,
      "--model no_such_module:KIND: cannot import no_such_module"),
     (["train", "--model", "minixl.models:KINDS"], None,
-     "--model minixl.models:KINDS: minixl.models.KINDS is a dict, not a minixl.models.ModelKind"),
+     "--model minixl.models:KINDS: minixl.models.KINDS is a dict, not a minixl.kinds.ModelKind"),
     (["eval", "--checkpoint", "{ckpt}", "--model", "xl"], _copy,
      "holds a --model char checkpoint, not --model xl"),
     (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),

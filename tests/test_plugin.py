@@ -128,9 +128,10 @@ def test_a_model_of_ones_own_from_python(tmp_path, small_corpus):
         result = run.train(progress=False)
         assert result.steps == 4 and 0 < result.valid_bpc < 9
         assert run.meta["kind"] == "bigram" and "objective" not in run.meta
-        with pytest.raises(ValueError, match="a model kind called 'bigram' is registered"):
+        with pytest.raises(ValueError, match="a model kind called 'bigram' is registered "
+                                             "already \\(declared in test_plugin\\)"):
             minixl.models.register(ModelKind("bigram", "another", BigramConfig, Bigram,
-                                             "block_size", BIGRAM.presets))
+                                             "block_size", BIGRAM.presets, origin="elsewhere"))
         with pytest.raises(ValueError, match="--max-relative applies to --model shaw, not "
                                              "--model bigram"):
             minixl.setup_run("bigram", model_settings={"max_relative": 4})
@@ -172,3 +173,81 @@ def test_the_readmes_example_works_as_written(tmp_path):
         cwd=tmp_path, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "runs" / "from-python" / "loss.png").exists()
+
+
+# ---------------------------------------------------------------- declared in a notebook
+
+# A notebook cell that declares and registers a kind: Jupyter runs each cell in __main__,
+# so a cell run again declares new classes of the same names in the same module.
+CELL = """
+from dataclasses import dataclass
+import torch.nn as nn
+from minixl.kinds import ModelKind, Preset
+from minixl.models import register
+
+@dataclass
+class ScaledConfig:
+    vocab_size: int = 256
+    block_size: int = 16
+    scale: float = __SCALE__
+
+class Scaled(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.table = nn.Embedding(config.vocab_size, config.vocab_size)
+    def step(self, tokens, state=None):
+        return self.table(tokens) * self.config.scale, None
+
+SCALED = register(ModelKind("scaled", "a cell's bigram", ScaledConfig, Scaled, "block_size",
+                            {"tiny": Preset(dict(block_size=16), dict(steps=2, batch_size=4))}))
+"""
+
+
+def _run_cell(scale: float) -> dict:
+    cell = {"__name__": "__main__"}
+    exec(CELL.replace("__SCALE__", repr(scale)), cell)
+    return cell
+
+
+def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
+    import importlib
+
+    import minixl
+    from minixl import kinds
+
+    book = dict(kinds.KINDS)
+    try:
+        first = _run_cell(1.0)["SCALED"]
+        second = _run_cell(2.0)["SCALED"]  # the cell, edited and run again: it replaces
+        assert kinds.KINDS["scaled"] is second and second is not first
+        importlib.reload(minixl.models)  # reloading the book's kinds keeps yours
+        importlib.reload(kinds)
+        assert kinds.kind_of("scaled") is second and set(book) < set(kinds.KINDS)
+        run = minixl.setup_run("scaled", corpus=str(small_corpus), device="cpu")
+        assert run.built.model.config.scale == 2.0
+        assert run.train(progress=False).steps == 2
+
+        # a refused kind leaves the registry as it was, also among others given with it
+        before = dict(kinds.KINDS)
+        fresh = replace_origin(second, "fresh", "other_module")
+        clash = replace_origin(book["char"], "char", "other_module")
+        with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
+                                             "minixl.models\\); give yours another name, or "
+                                             "register\\(kind, replace=True\\)"):
+            minixl.models.register(fresh, clash)
+        with pytest.raises(ValueError, match="window is not a field"):
+            exec(CELL.replace("__SCALE__", "1.0").replace('"block_size",\n', '"window",\n'),
+                 {"__name__": "__main__"})
+        assert kinds.KINDS == before
+        minixl.models.register(clash, replace=True)  # on purpose
+        assert kinds.KINDS["char"] is clash
+    finally:
+        kinds.KINDS.clear()
+        kinds.KINDS.update(book)
+
+
+def replace_origin(kind, name: str, origin: str):
+    from dataclasses import replace
+
+    return replace(kind, name=name, origin=origin)
