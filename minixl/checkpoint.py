@@ -59,8 +59,8 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-        os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp makes it private)
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (mkstemp: private)
             writer = _Writer(f)
             try:
                 torch.save(payload, writer)
@@ -79,6 +79,14 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 
 def _umask() -> int:
+    """This process's umask, read without changing it where Linux says it (threads may be
+    making files meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -269,8 +269,8 @@ def write(self, data, real=checkpoint._Writer.write):
         self.f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     return real(self, data)
-def replace(src, dst, real=os.replace):
-    if where == "rename" and seen["saves"] == target and str(src).endswith(".part"):
+def replace(src, dst, real=os.replace):  # (os.replace of this process: a checkpoint's only)
+    if (where == "rename" and seen["saves"] == target and str(dst).endswith("checkpoint.pt")):
         os.kill(os.getpid(), signal.SIGKILL)
     return real(src, dst)
 run_folder.save_checkpoint, checkpoint._Writer.write = save_checkpoint, write
@@ -280,24 +280,35 @@ sys.exit(main(sys.argv[3:]))
 STEPS = 40
 
 
-def _resumed_exactly(out: Path, whole: Path, corpus: Path) -> None:
+def _resumed_exactly(out: Path, whole: Path, corpus: Path, steps: int = STEPS) -> None:
     """--resume continues `out` to the end, ending as the unbroken run `whole` did."""
     from minixl.checkpoint import load_checkpoint
 
     kept = load_checkpoint(out / "checkpoint.pt", for_resume=True)["step"]  # a whole file
-    if kept < STEPS:  # (killed after its last save, the run is whole: nothing to resume)
-        again = _run(out, corpus, STEPS, "--resume")
+    if kept < steps:  # (killed after its last save, the run is whole: nothing to resume)
+        again = _run(out, corpus, steps, "--resume")
         assert again.returncode == 0, again.stderr
     assert _losses(out) == _losses(whole), f"resumed from step {kept}"
     mine, theirs = _weights(out), _weights(whole)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
-    assert not list(out.glob("*.part"))
+    if kept < steps:  # (a run killed while drawing its last plot may leave loss.png.part)
+        assert not list(out.glob("*.part"))
+
+
+LONG_STEPS = 400  # a few seconds: a kill within 1.5 s of the first save lands mid-run
 
 
 @pytest.fixture(scope="module")
 def unbroken(tmp_path_factory, small_corpus):
     whole = tmp_path_factory.mktemp("unbroken") / "run"
     assert _run(whole, small_corpus, STEPS).returncode == 0
+    return whole
+
+
+@pytest.fixture(scope="module")
+def unbroken_long(tmp_path_factory, small_corpus):
+    whole = tmp_path_factory.mktemp("unbroken") / "run"
+    assert _run(whole, small_corpus, LONG_STEPS).returncode == 0
     return whole
 
 
@@ -319,26 +330,26 @@ def test_a_run_killed_inside_a_save_resumes_exactly_from_its_last_checkpoint(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_run_killed_at_a_random_moment_resumes_exactly(tmp_path, small_corpus, unbroken,
-                                                         seed):
+def test_a_run_killed_at_a_random_moment_resumes_exactly(tmp_path, small_corpus,
+                                                         unbroken_long, seed):
     import random
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(_cli(out, small_corpus, STEPS, "--ckpt-every", "2"),
+    proc = subprocess.Popen(_cli(out, small_corpus, LONG_STEPS, "--ckpt-every", "2"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=ENV)
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").exists() and proc.poll() is None:
         assert time.monotonic() < deadline, "no first checkpoint"
         time.sleep(0.005)
-    time.sleep(random.Random(seed).uniform(0, 0.5))  # somewhere in a step, a save or a row
+    time.sleep(random.Random(seed).uniform(0, 1.5))  # in a step, a save or a metrics row
     proc.kill()
     _, err = proc.communicate(timeout=120)
-    if proc.returncode == 0:  # it finished first: then it must be whole
-        assert _losses(out) == _losses(unbroken)
+    if proc.returncode == 0:  # it finished first (a fast machine): then it must be whole
+        assert _losses(out) == _losses(unbroken_long)
         return
     assert proc.returncode == -signal.SIGKILL, err
-    _resumed_exactly(out, unbroken, small_corpus)
+    _resumed_exactly(out, unbroken_long, small_corpus, LONG_STEPS)
 
 
 # ---------------------------------------------------------------- permission lost mid-run
@@ -418,6 +429,17 @@ def test_a_folder_made_read_only_mid_run_keeps_the_last_checkpoint(unprivileged,
     mine, theirs = _weights(out), _weights(whole)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
+    # read-only before the first save: nothing to keep, and metrics.csv cannot be removed
+    first = base / "first"
+    failed = run(sys.executable, "-c", CHMOD_AT, "1", "555", str(first),
+                 *_cli(first, corpus, 8, "--ckpt-every", "2")[3:])
+    assert failed.returncode == 4, failed.stderr
+    line = _one_line(failed)
+    assert "no checkpoint had been saved, so nothing of this run is kept (metrics.csv could " \
+           "not be removed, Permission denied)" in line and "with --overwrite" in line, line
+    first.chmod(0o755)
+    assert run(*_cli(first, corpus, 4, "--overwrite")).returncode == 0
+
 
 # ---------------------------------------------------------------- a damaged metrics.csv
 
@@ -439,7 +461,7 @@ def _damage(text: bytes, how: str) -> bytes:
     ("junk line", ["1", "2", "3", "4", "5", "6"], "line (4)"),
     ("a word for a number", ["1", "3", "4", "5", "6"], "line (3)"),
     ("half a row", ["1", "2", "3", "4", "5", "6"], None),
-    ("header", ["5", "6"], "line (1)"),
+    ("header", ["5", "6"], "header"),
 ])
 def test_a_damaged_metrics_csv_on_resume_loses_only_the_damaged_lines(tmp_path, small_corpus,
                                                                       capsys, how, steps,
@@ -455,7 +477,10 @@ def test_a_damaged_metrics_csv_on_resume_loses_only_the_damaged_lines(tmp_path, 
     assert main(train_args("char", out, 6, *args, "--resume", "--allow-change", "steps")) == 0
     err = capsys.readouterr().err
     assert [step for step, _ in _losses(out)] == steps
-    if warned:
+    if warned == "header":
+        assert f"warning: {metrics} had a damaged header, so none of its rows could be read; " \
+               "it starts again with this run's rows" in err, err
+    elif warned:
         assert f"warning: {metrics} had 1 damaged {warned}, dropped" in err, err
     else:
         assert "warning" not in err, err

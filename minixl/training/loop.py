@@ -235,10 +235,22 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     b = cfg.batch_size // ranks.world  # this process's rows of each batch (and of the state)
     mine, micro = slice(ranks.rank * b, (ranks.rank + 1) * b), b // cfg.grad_accum
     state = states.to_device(states.rows(state, mine), device) if state is not None else None
+    def agreed(write: Callable) -> None:
+        """Rank 0 writes the run folder; every process stops if that failed."""
+        failed = None
+        if run:
+            try:
+                write()
+            except SaveFailed as err:
+                failed = err
+        failed = ranks.broadcast(failed)
+        if failed is not None:
+            raise failed
+
     if run:
         run.opt, run.saved = opt, start
-        if start:
-            run.trim(start)
+    if out is not None and start:
+        agreed(lambda: run.trim(start))
     if cfg.compile:
         model.compile()  # compiles the module in place: its state_dict keys stay plain
     if ranks.on and start < cfg.steps:
@@ -256,21 +268,13 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             raise TrainingDiverged(done, cfg.lr, f"{run.ckpt} (step {run.saved})"
                                    if run and run.saved else "none")
-        failed = None
-        if run:
-            try:
-                run.save(done, whole)
-            except SaveFailed as err:
-                failed = err
-        failed = ranks.broadcast(failed)  # every process stops at a failed save
-        if failed is not None:
-            raise failed
+        agreed(lambda: run.save(done, whole))
 
     def log_row(done: int, valid, lr: float) -> None:
         row = log.row(done, valid, lr=lr, t0=t0, run=run)
         history.append(row)
-        if run:
-            run.write(row)
+        if out is not None:
+            agreed(lambda: run.write(row))
         bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_bpc", "valid_bpc")
                          if row[k] is not None})
 

@@ -13,10 +13,12 @@ Hand-written shared machinery (not generated); a reader of the loop can skip it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -122,6 +124,30 @@ class Window:
         return row
 
 
+def _metrics_up_to(data: bytes, step: int) -> tuple[bytes, list[int], bool]:
+    """metrics.csv's bytes cut to the rows of steps <= `step`: (the bytes to keep, the
+    numbers of the damaged lines dropped, whether the header itself was damaged). A last
+    line without its newline (a row a killed run was writing) is dropped, not damaged."""
+    lines = data.splitlines(keepends=True)
+    if lines and not lines[-1].endswith(b"\n"):
+        lines.pop()
+    if not lines:
+        return b"", [], False
+    names = lines[0].decode("utf-8", "replace").rstrip("\r\n").split(",")
+    if (names[:2] != ["step", "train_bpc"] or "valid_bpc" not in names
+            or not all(re.fullmatch(r"[a-z_]+", n) for n in names) or len(set(names)) < len(names)):
+        return b"", [1], True  # nothing below can be read without it
+    keep, bad = [lines[0]], []
+    for i, line in enumerate(lines[1:], start=2):
+        fields = line.decode("utf-8", "replace").rstrip("\r\n").split(",")
+        if (len(fields) != len(names) or not (fields[0].isascii() and fields[0].isdigit())
+                or not all(map(_number, fields[1:]))):
+            bad.append(i)
+        elif int(fields[0]) <= step:
+            keep.append(line)
+    return b"".join(keep), bad, False
+
+
 def _number(field: str) -> bool:
     """A metrics.csv field: empty (not measured at that step) or a number."""
     try:
@@ -214,6 +240,9 @@ class RunFolder:
             raise
 
     def _begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
+        for name in (METRICS, PLOT):  # left by a run killed while it rewrote them
+            with contextlib.suppress(OSError):
+                (self.out / (name + ".part")).unlink(missing_ok=True)
         ours = [p for p in (self.ckpt, self.out / METRICS, self.out / PLOT) if p.exists()]
         if resume and overwrite:
             raise ValueError("--resume continues the run in the folder and --overwrite deletes "
@@ -299,43 +328,34 @@ class RunFolder:
         A row a killed run left half-written (the file's last line, cut short) goes silently.
         Lines that are not rows of this file (damaged) go too, with one line on stderr saying
         which; the good rows around them stay. Where nothing is damaged the file is cut in
-        place, which needs no space; else it is rewritten beside and renamed."""
-        path = self.out / METRICS
-        self.saved, self._good = step, self._size(path)  # a failure below changes nothing
-        if path.exists():
-            data = path.read_bytes()
-            lines = data.splitlines(keepends=True)
-            if lines and not lines[-1].endswith(b"\n"):
-                lines.pop()  # cut short by a kill
-            header = lines[0] if lines else b""
-            names = header.decode("utf-8", "replace").rstrip("\r\n").split(",")
-            keep, bad = [header], []
-            for i, line in enumerate(lines[1:], start=2):
-                fields = line.decode("utf-8", "replace").rstrip("\r\n").split(",")
-                if (names[0] != "step" or len(fields) != len(names)
-                        or not fields[0].isdigit() or not all(map(_number, fields[1:]))):
-                    bad.append(i)
-                elif int(fields[0]) <= step:
-                    keep.append(line)
-            if lines and names[0] != "step":  # not a metrics file at all: start a new one
-                keep, bad = [], [1]
-            body = b"".join(keep)
-            try:
+        place, which needs no space; else it is rewritten beside and renamed. A failure
+        changes nothing and raises SaveFailed."""
+        path, tmp = self.out / METRICS, self.out / (METRICS + ".part")
+        try:
+            if path.exists():
+                data = path.read_bytes()
+                body, bad, header_bad = _metrics_up_to(data, step)
                 if not bad and data.startswith(body):
                     os.truncate(path, len(body))
                 else:
-                    tmp = path.with_name(path.name + ".part")
                     tmp.write_bytes(body)
                     os.replace(tmp, path)
-            except OSError as err:
-                raise self.failed(path, err, f"metrics.csv cut to step {step}") from None
-            if bad:
-                shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
-                print(f"minixl train: warning: {path} had {len(bad)} damaged "
-                      f"line{'s' if len(bad) > 1 else ''} ({shown}), dropped; "
-                      + (f"it keeps its rows up to step {step}" if keep else
-                         "its header was damaged, so it starts again with this run's rows"),
-                      file=sys.stderr)
+                if header_bad:
+                    print(f"minixl train: warning: {path} had a damaged header, so none of its "
+                          "rows could be read; it starts again with this run's rows",
+                          file=sys.stderr)
+                elif bad:
+                    shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+                    print(f"minixl train: warning: {path} had {len(bad)} damaged "
+                          f"line{'s' if len(bad) > 1 else ''} ({shown}), dropped; it keeps "
+                          f"its rows up to step {step}", file=sys.stderr)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
+            code = errno.errorcode.get(err.errno, str(err.errno))
+            raise SaveFailed(f"could not cut {path} back to step {step}, the step of "
+                             f"{self.ckpt}: {why} ({code}); nothing in the folder was changed; "
+                             f"{fix}, then --resume again") from None
         self.saved, self._good = step, self._size(path)
 
     @staticmethod
@@ -364,42 +384,50 @@ class RunFolder:
                     "(the run itself is complete)")
         else:
             kept = "no checkpoint had been saved, so nothing of this run is kept"
-            then = "then start it again"
-            if self._made and not undo and not any(self.out.iterdir()):
-                self.out.rmdir()  # the folder this run made, empty (we hold its lock)
-        if undo:
+            then = "then start it again" + (" with --overwrite" if undo else "")
+            try:
+                if self._made and not undo and not any(self.out.iterdir()):
+                    self.out.rmdir()  # the folder this run made, empty (we hold its lock)
+            except OSError:
+                pass
+        if undo and self.saved:
             kept += (f" (metrics.csv could not be cut back, {undo}: --resume drops its rows "
                      f"after step {self.saved})")
+        elif undo:
+            kept += f" (metrics.csv could not be removed, {undo})"
         code = errno.errorcode.get(err.errno, str(err.errno))
         return SaveFailed(f"could not write {what} to {path}: {why} ({code}); {kept}; {fix}, "
                           f"{then}")
 
     def plot(self) -> None:
         """loss.png: training and held-out bits per byte against the step (drawn on a figure
-        of its own, so that a notebook's plotting is left as it was)."""
+        of its own, so that a notebook's plotting is left as it was). It is drawn from
+        metrics.csv, so a plot that cannot be written is a warning, not a failed run."""
         from matplotlib.figure import Figure
 
-        with open(self.out / METRICS) as f:
-            rows = list(csv.DictReader(f))
-        fig = Figure(figsize=(6, 3.5), dpi=100)
-        ax = fig.subplots()
-        ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows],
-                label="train")
-        held = [r for r in rows if r["valid_bpc"]]
-        ax.plot([int(r["step"]) for r in held], [float(r["valid_bpc"]) for r in held], "o-",
-                label="held-out")
-        ax.set(xlabel="step", ylabel="bits per byte", title=self.out.name)
-        ax.legend()
-        fig.tight_layout()
         path = self.out / PLOT
         tmp = path.with_name(path.name + ".part")
-        try:  # then renamed: a failed write leaves the last plot as it was
-            fig.savefig(tmp, format="png")
+        try:
+            with open(self.out / METRICS) as f:
+                rows = list(csv.DictReader(f))
+            fig = Figure(figsize=(6, 3.5), dpi=100)
+            ax = fig.subplots()
+            ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows],
+                    label="train")
+            held = [r for r in rows if r["valid_bpc"]]
+            ax.plot([int(r["step"]) for r in held], [float(r["valid_bpc"]) for r in held],
+                    "o-", label="held-out")
+            ax.set(xlabel="step", ylabel="bits per byte", title=self.out.name)
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(tmp, format="png")  # then renamed: a failed write keeps the last plot
             os.replace(tmp, path)
         except OSError as err:
             tmp.unlink(missing_ok=True)
-            raise self.failed(path, err, "the plot") from None
-
+            why = WHY.get(err.errno, (err.strerror or str(err),))[0]
+            print(f"minixl train: warning: could not draw {path}: {why}; the checkpoint and "
+                  "metrics.csv are as they should be, and the next run into the folder draws "
+                  "it again", file=sys.stderr)
 
 def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, say: bool,
             no_decay=()):
