@@ -24,7 +24,7 @@ from .char_transformer import generate
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
-from .evaluation import INFILL_SPAN, PROTOCOLS, evaluate
+from .evaluation import PROTOCOLS, evaluate
 from .models import (DEFAULT_MODEL, KINDS, kind_of, model_fields, model_from_checkpoint,
                      paper_presets, resolve_preset, with_overrides)
 from .options import CHECKPOINT, CORPUS, DEVICE, Option, add_options, flag, parent
@@ -184,7 +184,7 @@ def _train(args, ranks) -> int:
         return 0
     print(f"corpus: {run.corpus.description}")
     print(f"trained {cfg.steps} steps on {result.device} in {result.seconds:.0f} s")
-    print(f"held-out bpc (valid, {kind.protocols[0]}): {result.valid_bpc:.3f}")
+    print(f"held-out bpc (valid, {kind.protocol_names[0]}): {result.valid_bpc:.3f}")
     print(f"run folder: {result.out} (checkpoint.pt, metrics.csv, loss.png)")
     if args.sample_len:
         gen = torch.Generator().manual_seed(cfg.seed)
@@ -226,10 +226,7 @@ def cmd_sample(args) -> int:
 def cmd_eval(args) -> int:
     device = resolve_device(args.device)
     ckpt, model, kind = _checkpoint_model(args, device)
-    protocol = args.protocol or kind.protocols[0]
-    if protocol not in kind.protocols:
-        raise ValueError(f"--protocol {protocol} does not apply to a --model {kind.name} "
-                         f"checkpoint; use {' or '.join(kind.protocols)}")
+    protocol = kind.protocol(args.protocol)
     overrides = _given(args, [o.name for o in _eval_overrides()])
     foreign = [n for n in overrides if n not in kind.eval_overrides]
     if foreign:
@@ -237,15 +234,19 @@ def cmd_eval(args) -> int:
         verb = "applies" if len(foreign) == 1 else "apply"
         raise ValueError(f"{', '.join(map(flag, foreign))} {verb} to --model {takers} "
                          f"checkpoints, not to a --model {kind.name} checkpoint")
-    if overrides and protocol != "memory":
-        raise ValueError(f"{', '.join(map(flag, overrides))} apply to --protocol memory; the "
-                         "window protocols take --seq-len")
-    if args.stride is not None and protocol != "sliding":
-        raise ValueError(f"--stride applies to --protocol sliding, not --protocol {protocol}")
-    if args.seq_len is not None and protocol == "memory":
-        raise ValueError("--seq-len applies to the window protocols; with memory, the model's "
-                         "own settings (--" + ", --".join(
-                             n.replace("_", "-") for n in kind.eval_overrides) + ")")
+    ways = kind.protocol_objects()
+    if overrides and not protocol.streams:
+        raise ValueError(f"{', '.join(map(flag, overrides))} apply to --protocol "
+                         f"{' or '.join(p.name for p in ways if p.streams)}; the window "
+                         "protocols take --seq-len")
+    if args.stride is not None and not protocol.stride:
+        raise ValueError(f"--stride applies to --protocol "
+                         f"{' or '.join(p.name for p in ways if p.stride) or '(none of this kind)'}"
+                         f", not --protocol {protocol.name}")
+    if args.seq_len is not None and protocol.streams:
+        raise ValueError(f"--seq-len applies to the window protocols; with {protocol.name}, "
+                         "the model's own settings (" + ", ".join(
+                             map(flag, kind.eval_overrides)) + ")")
     model.config = with_overrides(model.config, **overrides)  # validated by the config itself
     seq_len = getattr(model.config, kind.length) if args.seq_len is None else args.seq_len
     if args.max_bytes is not None and args.max_bytes < 2:
@@ -341,11 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", parents=[reads], help="held-out bpc of a checkpoint")
     e.add_argument("--corpus", help="default: the corpus it was trained on")
     e.add_argument("--split", choices=["valid", "test"], default="valid")
-    e.add_argument("--protocol", choices=PROTOCOLS, help="default: the model's first (" + "; ".join(
-        f"{k.name}: {k.protocols[0]}" for k in KINDS.values()) + "). all-positions: every "
-        "position of windows; sliding: the paper's one prediction per window (seq-len times "
-        "slower); memory: segments with the model's state carried; infill: a span of "
-        f"{INFILL_SPAN} bytes in the middle of each window, read with both sides seen")
+    e.add_argument("--protocol", help="one the model's kind declares; default: its first ("
+                   + "; ".join(f"{k.name}: {k.protocol_names[0]}" for k in KINDS.values())
+                   + "). " + "; ".join(f"{p.name}: {p.help}" for p in PROTOCOLS.values())
+                   + "; or a protocol of a model of your own")
     e.add_argument("--seq-len", type=int, help="window length (default: the training one)")
     e.add_argument("--stride", type=int, help="sliding: positions scored per window (default 1)")
     add_options(e, _eval_overrides(), keep_defaults=False)

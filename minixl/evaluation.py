@@ -1,8 +1,9 @@
-"""Evaluation protocols in one place: all positions, sliding window, memory, and infilling.
+"""Evaluation protocols: all positions, sliding window, memory, and infilling.
 
 Hand-written shared machinery (not generated). The protocols themselves are taught and
-exported by the chapters; `evaluate` picks one by name for any model that meets the model
-protocol, as the trainer (held-out bpc) and `minixl eval` do:
+exported by the chapters; here each is a `Protocol`, an object that says how it scores held-out
+text and what it reads, and `evaluate` scores any model that meets the model protocol with
+one of them, as the trainer (held-out bpc) and `minixl eval` do. The book's four:
 
 - ``all-positions``: Chapter 1's `evaluate_bpc`, the text cut into windows of seq_len and
   every position scored (the first bytes of a window see little context);
@@ -12,32 +13,49 @@ protocol, as the trainer (held-out bpc) and `minixl eval` do:
   seq_len with the model's state (Transformer-XL's memory) carried from one to the next;
 - ``infill``: Chapter 5's `evaluate_infill`, a span of `INFILL_SPAN` bytes in the middle of
   each window of seq_len, read left to right within the span with both sides seen: it needs
-  a model whose query stream reads a span from both sides (forward(..., masks=...,
-  target_mapping=...), Chapter 5), so it has no left-to-right counterpart.
+  a model whose query stream reads a span from both sides (Chapter 5), so it has no
+  left-to-right counterpart.
 
-Which protocols suit a model is a fact of its kind (`minixl.kinds.ModelKind.protocols`);
-this module only checks that a model can be read the way a protocol reads it.
+Which protocols suit a model is a fact of its kind (`minixl.kinds.ModelKind.protocols`,
+names of these or Protocol objects of its own); nothing here or in the trainer and the
+command line asks which protocol it holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import inspect
+from typing import Callable
 
 import torch
 import torch.nn as nn
 
-from .aux_losses import evaluate_bpc_sliding
-from .char_transformer import evaluate_bpc
 from .device import autocast
-from .transformer_xl import evaluate_bpc_xl
 
-__all__ = ["PROTOCOLS", "INFILL_SPAN", "Evaluation", "evaluate", "check_protocol",
-           "memory_streams"]
+__all__ = ["Protocol", "PROTOCOLS", "INFILL_SPAN", "Evaluation", "evaluate", "check_protocol",
+           "memory_streams", "protocol_named"]
 
-PROTOCOLS = ("all-positions", "sliding", "memory", "infill")
 INFILL_SPAN = 8  # bytes scored per window by the infill protocol
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How to score held-out text with a model.
+
+    score(model, data, *, seq_len, batch_size, stride) -> (bits per byte, a line saying
+    how), called by `evaluate` with the model in eval mode, under the device's autocast;
+    `streams`: the text is read as parallel streams of segments with the model's state
+    carried, so the batch is the number of streams (the score depends on it: the trainer
+    passes its own batch size), the segment is the model's training length (`minixl eval`
+    takes no --seq-len) and the kind's `eval_overrides` may change; `stride`: it takes a
+    stride; `check(seq_len, what)` raises ValueError for a length it cannot score, naming
+    the setting `what`; `help`: a line for `minixl eval --help`."""
+
+    name: str
+    score: Callable
+    help: str = ""
+    streams: bool = False
+    stride: bool = False
+    check: Callable[[int, str], None] | None = None
 
 
 @dataclass
@@ -59,66 +77,131 @@ def memory_streams(n_bytes: int, seg_len: int, max_streams: int) -> int:
     return max(1, min(max_streams, (n_bytes - 1) // (32 * seg_len)))
 
 
-def check_protocol(protocol: str, seq_len: int, *, model: nn.Module | None = None,
-                   what: str = "seq_len") -> None:
-    """A clear error when a protocol cannot score windows (or segments) of seq_len, or
-    cannot read `model`; `what` names the setting that gave seq_len."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    if protocol != "infill":
-        return
+# ---------------------------------------------------------------- the book's protocols
+
+def _all_positions(model, data, *, seq_len, batch_size, stride):
+    from .char_transformer import evaluate_bpc
+
+    return (evaluate_bpc(model, data, seq_len=seq_len, batch_size=batch_size),
+            f"windows of {seq_len}, every position scored")
+
+
+def _sliding(model, data, *, seq_len, batch_size, stride):
+    from .aux_losses import evaluate_bpc_sliding
+
+    stride = 1 if stride is None else stride
+    bpc = evaluate_bpc_sliding(model, data, seq_len=seq_len, stride=stride,
+                               batch_size=batch_size)
+    return bpc, (f"sliding windows of {seq_len}, the last {stride} position"
+                 f"{'s' * (stride > 1)} of each scored")
+
+
+def _memory(model, data, *, seq_len, batch_size, stride):
+    from .transformer_xl import evaluate_bpc_xl
+
+    streams = memory_streams(len(data), seq_len, batch_size)
+    bpc = evaluate_bpc_xl(model, data, tgt_len=seq_len, batch_size=streams)
+    memory = getattr(model.config, "mem_len", None)  # Transformer-XL's and XLNet's
+    return bpc, (f"{streams} stream{'s' * (streams > 1)}, segments of {seq_len}"
+                 + ("" if memory is None else f", memory of {memory}"))
+
+
+def _infill(model, data, *, seq_len, batch_size, stride):
+    from .xlnet import evaluate_infill
+
+    if len(data) < seq_len:
+        raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
+                         f"bytes, got {len(data)}")
+    bpc = evaluate_infill(model, data, seq_len=seq_len, span=INFILL_SPAN,
+                          reading="sequential", batch_size=batch_size)
+    n = len(data) // seq_len
+    return bpc, (f"{n} span{'s' * (n > 1)} of {INFILL_SPAN} bytes in the middle of windows "
+                 f"of {seq_len}, read left to right within the span, both sides seen")
+
+
+def _infill_check(seq_len: int, what: str) -> None:
     if seq_len <= INFILL_SPAN:
         raise ValueError(f"{what} {seq_len} is too short for the infill protocol, a span of "
                          f"{INFILL_SPAN} bytes inside each window: use {what} "
                          f"{INFILL_SPAN + 1} or more")
-    if model is not None and "target_mapping" not in inspect.signature(model.forward).parameters:
-        raise ValueError(f"the infill protocol needs a model that sees both sides of a span (a "
-                         f"query stream: forward(..., masks=..., target_mapping=...), as in "
-                         f"Chapter 5); a {type(model).__name__} reads left to right only: use "
-                         "all-positions, sliding or memory")
 
 
-def evaluate(model: nn.Module, data: torch.Tensor, protocol: str, *, seq_len: int,
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
+    Protocol("all-positions", _all_positions, "every position of windows"),
+    Protocol("sliding", _sliding, "the paper's one prediction per window (seq-len times "
+             "slower)", stride=True),
+    Protocol("memory", _memory, "segments with the model's state carried", streams=True),
+    Protocol("infill", _infill, f"a span of {INFILL_SPAN} bytes in the middle of each "
+             "window, read with both sides seen", check=_infill_check),
+)}
+
+
+def protocol_named(protocol: str | Protocol, model: nn.Module | None = None) -> Protocol:
+    """The Protocol a name stands for: one of the model's kind's own protocols, else one of
+    the book's (PROTOCOLS); a Protocol is returned as it is."""
+    if isinstance(protocol, Protocol):
+        return protocol
+    kind = _kind_of_model(model)
+    own = {p.name: p for p in kind.protocol_objects()} if kind else {}
+    if protocol in own:
+        return own[protocol]
+    if protocol not in PROTOCOLS:
+        names = list(own) + [n for n in PROTOCOLS if n not in own]
+        raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(names)}")
+    return PROTOCOLS[protocol]
+
+
+def _kind_of_model(model: nn.Module | None):
+    """The registered kind whose config class is the model's (None if there is none)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    from .kinds import _known
+
+    found = [k for k in _known().values() if k.config is type(config)]
+    return found[0] if len(found) == 1 else None
+
+
+def check_protocol(protocol: str | Protocol, seq_len: int, *, model: nn.Module | None = None,
+                   what: str = "seq_len") -> Protocol:
+    """The protocol, after a clear error when it cannot score windows (or segments) of
+    seq_len, or when the model's kind does not declare it; `what` names the setting that
+    gave seq_len."""
+    p = protocol_named(protocol, model)
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if p.check is not None:
+        p.check(seq_len, what)
+    kind = _kind_of_model(model)
+    if kind is not None and p.name not in kind.protocol_names:
+        raise ValueError(f"a {type(model).__name__} (--model {kind.name}) cannot be scored "
+                         f"by the {p.name} protocol ({p.help}): its kind declares "
+                         f"{', '.join(kind.protocol_names)}")
+    return p
+
+
+def evaluate(model: nn.Module, data: torch.Tensor, protocol: str | Protocol, *, seq_len: int,
              stride: int | None = None, batch_size: int = 64) -> Evaluation:
-    """Bits per byte of data [N] under a named protocol (see the module docstring).
+    """Bits per byte of data [N] under a protocol, named or given (see the module docstring).
 
-    seq_len is the window (all-positions, sliding, infill) or the segment length (memory);
-    batch_size is windows per forward pass, or at most that many streams with memory.
+    seq_len is the window, or the segment length for a protocol that reads streams;
+    batch_size is windows per forward pass, or at most that many streams.
     """
-    check_protocol(protocol, seq_len, model=model)
+    p = check_protocol(protocol, seq_len, model=model)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if stride is not None and protocol != "sliding":
-        raise ValueError("a stride applies to the sliding protocol only")
+    if stride is not None and not p.stride:
+        takers = [q.name for q in PROTOCOLS.values() if q.stride]
+        raise ValueError(f"a stride applies to the {' or '.join(takers)} protocol only, not "
+                         f"{p.name}")
     if len(data) < 2:
         raise ValueError(f"need at least 2 bytes to score one prediction, got {len(data)}")
-    if protocol == "infill" and len(data) < seq_len:
-        raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
-                         f"bytes, got {len(data)}")
-    with autocast(next(model.parameters()).device):
-        if protocol == "all-positions":
-            bpc = evaluate_bpc(model, data, seq_len=seq_len, batch_size=batch_size)
-            how = f"windows of {seq_len}, every position scored"
-        elif protocol == "sliding":
-            stride = 1 if stride is None else stride
-            bpc = evaluate_bpc_sliding(model, data, seq_len=seq_len, stride=stride,
-                                       batch_size=batch_size)
-            how = (f"sliding windows of {seq_len}, the last {stride} position"
-                   f"{'s' * (stride > 1)} of each scored")
-        elif protocol == "infill":
-            from .xlnet import evaluate_infill
-
-            bpc = evaluate_infill(model, data, seq_len=seq_len, span=INFILL_SPAN,
-                                  reading="sequential", batch_size=batch_size)
-            n = len(data) // seq_len
-            how = (f"{n} span{'s' * (n > 1)} of {INFILL_SPAN} bytes in the middle of windows of "
-                   f"{seq_len}, read left to right within the span, both sides seen")
-        else:
-            streams = memory_streams(len(data), seq_len, batch_size)
-            bpc = evaluate_bpc_xl(model, data, tgt_len=seq_len, batch_size=streams)
-            memory = getattr(model.config, "mem_len", None)
-            how = (f"{streams} stream{'s' * (streams > 1)}, segments of {seq_len}"
-                   + ("" if memory is None else f", memory of {memory}"))
-    return Evaluation(bpc, len(data), protocol, how)
+    was_training = model.training  # a protocol scores the model without dropout
+    model.eval()
+    try:
+        with autocast(next(model.parameters()).device):
+            bpc, how = p.score(model, data, seq_len=seq_len, batch_size=batch_size,
+                               stride=stride)
+    finally:
+        model.train(was_training)
+    return Evaluation(bpc, len(data), p.name, how)

@@ -87,13 +87,18 @@ class ModelKind:
     length: str  # the config field that holds the training length
     presets: dict[str, Preset]
     streams: bool = False  # False: random windows, no state; True: ordered streams, state carried
-    protocols: tuple[str, ...] = ("all-positions", "sliding")  # evaluation, the default first
+    # evaluation protocols, the default first: names of the book's (minixl.evaluation.PROTOCOLS)
+    # or Protocol objects of the kind's own
+    protocols: tuple = ("all-positions", "sliding")
     objective: Objective | None = None  # None: the trainer's next-byte loss at every position
     no_decay: tuple[str, ...] = ()  # parameter names (the last part) weight decay leaves alone
     flops: Callable[[nn.Module], float] | None = None  # training FLOPs per token (None: 6N)
     eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
     field_help: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
+    # a batch source of its own, (data, batch_size, length, *, seed) -> (step -> (x, y,
+    # fresh)), in place of the one `streams` picks
+    batch_source: Callable | None = None
     # the module that declared it ("__main__" in a notebook): set when it is made
     origin: str | None = field(default=None, compare=False)
 
@@ -116,6 +121,36 @@ class ModelKind:
         if not self.protocols or not self.presets:
             raise ValueError(f"model kind {self.name!r} needs at least one evaluation protocol "
                              "and one preset")
+        from .evaluation import PROTOCOLS, Protocol
+
+        unknown = [p for p in self.protocols if not isinstance(p, Protocol) and p not in PROTOCOLS]
+        if unknown:
+            raise ValueError(f"model kind {self.name!r}: unknown evaluation protocol "
+                             f"{', '.join(map(repr, unknown))}: name one of "
+                             f"{', '.join(PROTOCOLS)}, or give a minixl.evaluation.Protocol")
+        if len(set(self.protocol_names)) < len(self.protocols):
+            raise ValueError(f"model kind {self.name!r} names a protocol twice")
+
+    # ---- evaluation
+    @property
+    def protocol_names(self) -> tuple[str, ...]:
+        return tuple(p if isinstance(p, str) else p.name for p in self.protocols)
+
+    def protocol_objects(self) -> tuple:
+        """Its protocols as minixl.evaluation.Protocol objects, the default first."""
+        from .evaluation import PROTOCOLS
+
+        return tuple(PROTOCOLS[p] if isinstance(p, str) else p for p in self.protocols)
+
+    def protocol(self, name: str | None = None):
+        """The Protocol called `name` (default: its first), or a clear error."""
+        found = {p.name: p for p in self.protocol_objects()}
+        if name is None:
+            return next(iter(found.values()))
+        if name not in found:
+            raise ValueError(f"--protocol {name} does not apply to a --model {self.name} "
+                             f"checkpoint; use {' or '.join(found)}")
+        return found[name]
 
     # ---- presets
     def preset(self, name: str) -> tuple[object, dict]:
@@ -159,9 +194,8 @@ class ModelKind:
     def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
         """The batch source of this kind: step -> (x, y, fresh)."""
         length = getattr(model_cfg, self.length)
-        if self.streams:
-            return OrderedStreams(data, batch_size, length)
-        return RandomWindows(data, batch_size, length, seed=seed)
+        source = self.batch_source or (_streams if self.streams else RandomWindows)
+        return source(data, batch_size, length, seed=seed)
 
     def flops_per_token(self, model: nn.Module) -> float:
         """Training FLOPs per token: the kind's own count, else 6 per weight (2 forward,
@@ -172,6 +206,11 @@ class ModelKind:
 
     def help_for(self, field_name: str) -> str:
         return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
+
+
+def _streams(data, batch_size: int, length: int, *, seed: int):
+    """Ordered streams (their order is the text's: the seed has nothing to choose)."""
+    return OrderedStreams(data, batch_size, length)
 
 
 def not_for(names: list[str], takers, kind: str) -> str:

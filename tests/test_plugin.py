@@ -6,13 +6,14 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
+from minixl.evaluation import Protocol
 from minixl.kinds import ModelKind, Preset
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +50,43 @@ BIGRAM = ModelKind(
     presets={"tiny": Preset(dict(block_size=32),
                             dict(steps=12, batch_size=8, lr=3e-2, warmup=2, eval_every=4,
                                  ckpt_every=4, log_every=1, eval_bytes=1024))})
+
+
+# A protocol and a batch source of the student's own, declared by a kind.
+
+def _last_byte(model, data, *, seq_len, batch_size, stride):
+    """Score the last position of each window of seq_len (windows side by side)."""
+    import math
+
+    import torch.nn.functional as F
+
+    n = (len(data) - 1) // seq_len
+    x = data[:n * seq_len].view(n, seq_len).long()
+    y = data[seq_len:n * seq_len + 1:seq_len].long()
+    with torch.no_grad():
+        logits = torch.cat([model.step(x[i:i + batch_size])[0][:, -1]
+                            for i in range(0, n, batch_size)])
+    return (F.cross_entropy(logits.float(), y).item() / math.log(2),
+            f"{n} windows of {seq_len}, the last position of each scored")
+
+
+LAST_BYTE = Protocol("last-byte", _last_byte, "the last position of each window")
+ASKED = []  # the steps the batch source below was asked for
+
+
+def _recorded_windows(data, batch_size, length, *, seed):
+    from minixl.data import RandomWindows
+
+    windows = RandomWindows(data, batch_size, length, seed=seed)
+
+    def batch(step):
+        ASKED.append(step)
+        return windows(step)
+    return batch
+
+
+LASTBYTE = replace(BIGRAM, name="lastbyte", protocols=(LAST_BYTE, "all-positions"),
+                   batch_source=_recorded_windows)
 
 
 # ---------------------------------------------------------------- through the command line
@@ -180,8 +218,9 @@ def test_the_readmes_example_works_as_written(tmp_path):
 # A notebook cell that declares and registers a kind: Jupyter runs each cell in __main__,
 # so a cell run again declares new classes of the same names in the same module.
 CELL = """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import torch.nn as nn
+from minixl.evaluation import Protocol
 from minixl.kinds import ModelKind, Preset
 from minixl.models import register
 
@@ -251,3 +290,48 @@ def replace_origin(kind, name: str, origin: str):
     from dataclasses import replace
 
     return replace(kind, name=name, origin=origin)
+
+
+@pytest.mark.slow
+def test_a_kind_declares_its_own_protocol_and_batch_source(tmp_path, small_corpus):
+    spec = "test_plugin:LASTBYTE"
+    r = _minixl(tmp_path, "train", "--model", spec, "--corpus", str(small_corpus), "--steps",
+                "4", "--device", "cpu", "--no-progress", "--sample-len", "0", "--out", "run")
+    assert "held-out bpc (valid, last-byte)" in r.stdout, r.stdout  # its first, in training
+    ckpt = str(tmp_path / "run" / "checkpoint.pt")
+    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--model", spec, "--protocol",
+                "last-byte", "--device", "cpu")
+    assert "the last position of each scored" in r.stdout, r.stdout
+    r = _minixl(tmp_path, "eval", "--checkpoint", ckpt, "--model", spec, "--protocol",
+                "sliding", "--device", "cpu", code=2)
+    assert r.stderr.strip().endswith("--protocol sliding does not apply to a --model lastbyte "
+                                     "checkpoint; use last-byte or all-positions"), r.stderr
+
+
+def test_a_kind_s_protocol_and_batch_source_serve_python_too(small_corpus):
+    import minixl
+    from minixl import kinds
+    from minixl.evaluation import evaluate
+
+    try:
+        minixl.models.register(LASTBYTE)
+        ASKED.clear()
+        run = minixl.setup_run("lastbyte", train_settings=dict(steps=3), corpus=str(small_corpus),
+                               device="cpu")
+        result = run.train(progress=False)
+        assert ASKED == [0, 1, 2]  # the kind's own batch source fed the trainer
+        model, valid = result.model, run.corpus.valid
+        by_name = evaluate(model, valid, "last-byte", seq_len=32)  # named: the kind's own
+        assert by_name.protocol == "last-byte" and by_name.bpc == pytest.approx(result.valid_bpc)
+        with pytest.raises(ValueError, match=r"cannot be scored by the sliding protocol .*: its "
+                                             "kind declares last-byte, all-positions"):
+            evaluate(model, valid, "sliding", seq_len=32)
+    finally:
+        kinds.KINDS.pop("lastbyte", None)
+
+
+def test_an_unknown_protocol_is_refused_when_the_kind_is_declared():
+    with pytest.raises(ValueError, match="model kind 'odd': unknown evaluation protocol "
+                                         "'perplexity': name one of all-positions, sliding, "
+                                         "memory, infill, or give a minixl.evaluation.Protocol"):
+        replace(BIGRAM, name="odd", protocols=("perplexity",))

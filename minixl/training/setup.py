@@ -160,8 +160,8 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     built = build_model(model, preset, model_settings=model_settings,
                         train_settings=train_settings, objective_options=objective_options)
     kind, cfg, length = built.kind, built.config, built.length
-    protocol = kind.protocols[0]
-    check_protocol(protocol, length, what=flag(kind.length))  # found now, not after training
+    protocol = check_protocol(kind.protocol(), length, what=flag(kind.length))  # now, not
+    # after training
     data = load_corpus(corpus)
     if len(data.valid) < length + 1:
         raise ValueError(f"the valid split of {data.name!r} has {len(data.valid):,} bytes, too "
@@ -174,9 +174,9 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
 
     # Windows per forward pass: the training batch, or more, up to about 4,096 bytes, which
     # a CPU reads faster in a few large passes than in many small ones (the score is the
-    # same, up to float rounding). With memory the batch is the number of streams, which
-    # the score depends on.
-    batch = cfg.batch_size if protocol == "memory" else max(cfg.batch_size, 4096 // length)
+    # same, up to float rounding). A protocol that reads streams takes the batch as the
+    # number of streams, which the score depends on.
+    batch = cfg.batch_size if protocol.streams else max(cfg.batch_size, 4096 // length)
 
     def held_out(net: nn.Module, n_bytes: int | None) -> float:
         text = data.valid if n_bytes is None else data.valid[:n_bytes]
