@@ -96,6 +96,7 @@ class ModelKind:
     eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
     field_help: dict[str, str] = field(default_factory=dict)
     source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
+    causal: bool = True  # no position reads a later byte (checked by minixl.check.kind)
     # a batch source of its own, (data, batch_size, length, *, seed) -> (step -> (x, y,
     # fresh)), in place of the one `streams` picks
     batch_source: Callable | None = None

@@ -23,6 +23,7 @@ from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_b
                              xl_two_segments)
 from .xlnet import permutation_masks, query_stream_mask, rel_shift_bi
 from .segtree import bpt_context, causal_tree_graph, gathered_attention, leaf_context
+from .kinds import kind
 
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
@@ -32,4 +33,5 @@ __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "xl_two_segments",
            "permutation_masks", "query_stream_mask", "rel_shift_bi",  # Chapter 5
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
-           "gathered_attention"]
+           "gathered_attention",
+           "kind"]  # every model kind, yours too (minixl.check.kinds)

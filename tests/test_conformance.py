@@ -1,0 +1,85 @@
+"""minixl.check.kind, the checks every model kind must pass: the book's five pass them, a
+student's GRU kind passes them, and each check fails, saying what is wrong, on a kind that
+breaks its rule (a state not batch-first, a state still attached to the graph, a model that
+reads the future, a random generator the checkpoint does not keep)."""
+
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import TINY_CONFIGS
+from minixl import check
+from minixl.kinds import ModelKind, Preset
+from minixl.models import KINDS
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_the_books_kinds_pass_every_check(name, capsys):
+    assert check.kind(KINDS[name], config=TINY_CONFIGS[name]), capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.count("PASS") + out.count("SKIP") == 5, out
+
+
+@dataclass
+class RecurrentConfig:
+    vocab_size: int = 256
+    block_size: int = 8
+    d: int = 8
+    batch_first: bool = True  # the state as the trainer needs it: rows along dim 0
+    detach: bool = True
+    peek: bool = False  # read the next byte too (a leak)
+    noise: bool = False  # dropout-like noise from a generator of its own
+
+
+class Recurrent(nn.Module):
+    """A GRU whose state is its hidden vector, as a student writes one."""
+
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.config = config
+        self.emb = nn.Embedding(256, config.d)
+        self.gru = nn.GRU(config.d, config.d, batch_first=True)
+        self.out = nn.Linear(config.d, 256)
+        self.gen = torch.Generator().manual_seed(0)  # not in any checkpoint
+
+    def step(self, tokens, state=None):
+        h = None if state is None else state.transpose(0, 1).contiguous() \
+            if self.config.batch_first else state
+        x = self.emb(tokens)
+        if self.config.peek:
+            x = x + self.emb(tokens.roll(-1, dims=1))
+        if self.config.noise and self.training:
+            x = x + 0.1 * torch.randn(x.shape, generator=self.gen)
+        y, h = self.gru(x, h)  # h: [layers, batch, d]
+        h = h.transpose(0, 1) if self.config.batch_first else h
+        return self.out(y), h.detach() if self.config.detach else h
+
+
+GRU = ModelKind("gru", "a GRU (a test's own)", RecurrentConfig, Recurrent, "block_size",
+                {"tiny": Preset({}, {})}, streams=True)
+
+
+def test_a_students_recurrent_kind_passes(capsys):
+    assert check.kind(GRU), capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"batch_first": False}, "gru, state: a state tensor of shape (1, 4, 8) for a batch of 4 "
+                             "rows: every tensor of the state must be batch-first"),
+    ({"detach": False}, "gru, state: the state it returns is still attached to the step's "
+                        "graph: return state.detach()"),
+    ({"peek": True}, "gru, no leakage: the logits at position 3 change"),
+    ({"noise": True}, "gru, resume: trained 4 steps unbroken, and 2 then resumed from the "
+                      "checkpoint for 2, the weights differ"),
+])
+def test_each_check_fails_on_a_kind_that_breaks_its_rule(change, says, capsys):
+    assert not check.kind(GRU, config=change)
+    out = capsys.readouterr().out
+    assert f"FAIL {says}" in out, out
+
+
+def test_a_kind_that_says_it_is_not_causal_skips_the_leakage_check(capsys):
+    assert check.kind(replace(GRU, causal=False), config={"peek": True})
+    assert "SKIP gru, no leakage" in capsys.readouterr().out
