@@ -257,7 +257,7 @@ def cmd_eval(args) -> int:
                          "pass --corpus")
     data = getattr(load_corpus(source), args.split)[:args.max_bytes]
     result = evaluate(model, data, protocol, seq_len=seq_len, stride=args.stride,
-                      batch_size=args.batch_size)
+                      batch_size=args.batch_size, kind=kind)
     print(f"{source} {args.split}: {result}")
     return 0
 

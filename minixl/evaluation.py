@@ -23,6 +23,7 @@ command line asks which protocol it holds.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -109,6 +110,10 @@ def _memory(model, data, *, seq_len, batch_size, stride):
 def _infill(model, data, *, seq_len, batch_size, stride):
     from .xlnet import evaluate_infill
 
+    if "target_mapping" not in inspect.signature(model.forward).parameters:
+        raise ValueError(f"the infill protocol needs a model that sees both sides of a span (a "
+                         f"query stream: forward(..., masks=..., target_mapping=...), as in "
+                         f"Chapter 5); a {type(model).__name__} reads left to right only")
     if len(data) < seq_len:
         raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
                          f"bytes, got {len(data)}")
@@ -136,12 +141,14 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
 )}
 
 
-def protocol_named(protocol: str | Protocol, model: nn.Module | None = None) -> Protocol:
-    """The Protocol a name stands for: one of the model's kind's own protocols, else one of
-    the book's (PROTOCOLS); a Protocol is returned as it is."""
-    if isinstance(protocol, Protocol):
+def protocol_named(protocol: str | Protocol, model: nn.Module | None = None,
+                   kind=None) -> Protocol:
+    """The Protocol a name stands for: one of the kind's own protocols (the kind given, else
+    the registered kind of the model's config class, if just one), else one of the book's
+    (PROTOCOLS); a Protocol is returned as it is."""
+    if not isinstance(protocol, str):
         return protocol
-    kind = _kind_of_model(model)
+    kind = kind or _kind_of_model(model)
     own = {p.name: p for p in kind.protocol_objects()} if kind else {}
     if protocol in own:
         return own[protocol]
@@ -163,16 +170,16 @@ def _kind_of_model(model: nn.Module | None):
 
 
 def check_protocol(protocol: str | Protocol, seq_len: int, *, model: nn.Module | None = None,
-                   what: str = "seq_len") -> Protocol:
+                   what: str = "seq_len", kind=None) -> Protocol:
     """The protocol, after a clear error when it cannot score windows (or segments) of
-    seq_len, or when the model's kind does not declare it; `what` names the setting that
-    gave seq_len."""
-    p = protocol_named(protocol, model)
+    seq_len, or when the model's kind (the kind given, else the registered kind of its config
+    class, if just one) does not declare it; `what` names the setting that gave seq_len."""
+    p = protocol_named(protocol, model, kind)
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     if p.check is not None:
         p.check(seq_len, what)
-    kind = _kind_of_model(model)
+    kind = kind or _kind_of_model(model)
     if kind is not None and p.name not in kind.protocol_names:
         raise ValueError(f"a {type(model).__name__} (--model {kind.name}) cannot be scored "
                          f"by the {p.name} protocol ({p.help}): its kind declares "
@@ -181,13 +188,14 @@ def check_protocol(protocol: str | Protocol, seq_len: int, *, model: nn.Module |
 
 
 def evaluate(model: nn.Module, data: torch.Tensor, protocol: str | Protocol, *, seq_len: int,
-             stride: int | None = None, batch_size: int = 64) -> Evaluation:
+             stride: int | None = None, batch_size: int = 64, kind=None) -> Evaluation:
     """Bits per byte of data [N] under a protocol, named or given (see the module docstring).
 
     seq_len is the window, or the segment length for a protocol that reads streams;
-    batch_size is windows per forward pass, or at most that many streams.
+    batch_size is windows per forward pass, or at most that many streams; kind: the model's
+    ModelKind (default: the registered kind of its config class, where just one has it).
     """
-    p = check_protocol(protocol, seq_len, model=model)
+    p = check_protocol(protocol, seq_len, model=model, kind=kind)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if stride is not None and not p.stride:

@@ -100,12 +100,15 @@ class ModelKind:
     # a batch source of its own, (data, batch_size, length, *, seed) -> (step -> (x, y,
     # fresh)), in place of the one `streams` picks
     batch_source: Callable | None = None
-    # the module that declared it ("__main__" in a notebook): set when it is made
-    origin: str | None = field(default=None, compare=False)
+    # the module that declared it ("__main__" in a notebook), also for a kind made with
+    # dataclasses.replace: set when it is made, never copied
+    origin: str | None = field(default=None, compare=False, init=False)
 
     def __post_init__(self):
-        if self.origin is None:  # the caller of __init__ (two frames up from here)
-            object.__setattr__(self, "origin", sys._getframe(2).f_globals.get("__name__"))
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") in ("dataclasses", __name__):
+            frame = frame.f_back  # past __init__ and dataclasses.replace
+        object.__setattr__(self, "origin", frame.f_globals.get("__name__") if frame else None)
         names = {f.name for f in fields(self.config)}
         wrong = [self.length] if self.length not in names else []
         wrong += [k for p in self.presets.values() for k in p.model if k not in names]
@@ -122,9 +125,9 @@ class ModelKind:
         if not self.protocols or not self.presets:
             raise ValueError(f"model kind {self.name!r} needs at least one evaluation protocol "
                              "and one preset")
-        from .evaluation import PROTOCOLS, Protocol
+        from .evaluation import PROTOCOLS
 
-        unknown = [p for p in self.protocols if not isinstance(p, Protocol) and p not in PROTOCOLS]
+        unknown = [p for p in self.protocols if isinstance(p, str) and p not in PROTOCOLS]
         if unknown:
             raise ValueError(f"model kind {self.name!r}: unknown evaluation protocol "
                              f"{', '.join(map(repr, unknown))}: name one of "
@@ -287,7 +290,9 @@ def _import_kind(spec: str) -> ModelKind:
     old = KINDS.get(kind.name)
     if old is not None and old.source == spec:
         return old
-    return register(replace(kind, source=spec))
+    found = replace(kind, source=spec)
+    object.__setattr__(found, "origin", kind.origin)  # its module's, not this one's
+    return register(found)
 
 
 def kind_of(name: str) -> ModelKind:

@@ -83,3 +83,20 @@ def test_each_check_fails_on_a_kind_that_breaks_its_rule(change, says, capsys):
 def test_a_kind_that_says_it_is_not_causal_skips_the_leakage_check(capsys):
     assert check.kind(replace(GRU, causal=False), config={"peek": True})
     assert "SKIP gru, no leakage" in capsys.readouterr().out
+
+
+def test_a_state_with_plain_values_beside_its_tensors_passes(capsys):
+    class Counted(Recurrent):
+        def step(self, tokens, state=None):
+            logits, h = super().step(tokens, None if state is None else state["h"])
+            return logits, {"h": h, "seen": 0 if state is None else state["seen"] + 1}
+
+    assert check.kind(replace(GRU, build=Counted)), capsys.readouterr().out
+
+
+def test_an_unregistered_kind_with_a_protocol_of_its_own_is_checked_by_its_own_list(capsys):
+    from minixl.evaluation import PROTOCOLS, Protocol
+
+    last = Protocol("all-again", PROTOCOLS["all-positions"].score, "the same, renamed")
+    mine = replace(KINDS["char"], name="mine", protocols=(last, "all-positions"))
+    assert check.kind(mine, config=TINY_CONFIGS["char"]), capsys.readouterr().out

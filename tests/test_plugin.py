@@ -168,8 +168,9 @@ def test_a_model_of_ones_own_from_python(tmp_path, small_corpus):
         assert run.meta["kind"] == "bigram" and "objective" not in run.meta
         with pytest.raises(ValueError, match="a model kind called 'bigram' is registered "
                                              "already \\(declared in test_plugin\\)"):
-            minixl.models.register(ModelKind("bigram", "another", BigramConfig, Bigram,
-                                             "block_size", BIGRAM.presets, origin="elsewhere"))
+            minixl.models.register(_from(ModelKind("bigram", "another", BigramConfig,
+                                                   Bigram, "block_size", BIGRAM.presets),
+                                         "elsewhere"))
         with pytest.raises(ValueError, match="--max-relative applies to --model shaw, not "
                                              "--model bigram"):
             minixl.setup_run("bigram", model_settings={"max_relative": 4})
@@ -287,9 +288,24 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
 
 
 def replace_origin(kind, name: str, origin: str):
-    from dataclasses import replace
+    return _from(replace(kind, name=name), origin)
 
-    return replace(kind, name=name, origin=origin)
+
+def _from(kind, origin: str):
+    """The kind, as if another module had declared it."""
+    object.__setattr__(kind, "origin", origin)
+    return kind
+
+
+def test_a_kind_made_from_the_books_by_replace_does_not_take_its_name_silently():
+    from minixl import kinds
+
+    mine = replace(kinds.KINDS["char"], summary="my char")  # declared here, not in minixl
+    assert mine.origin == __name__
+    with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
+                                         "minixl.models\\)"):
+        kinds.register(mine)
+    assert kinds.KINDS["char"].summary != "my char"
 
 
 @pytest.mark.slow

@@ -35,6 +35,9 @@ def kind(model_kind, *, config: dict | None = None, steps: int = 4) -> bool:
     train it for `steps` steps on the CPU)."""
     from ..kinds import _is_kind
 
+    if not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an integer of at least 2 (a run stopped half-way and "
+                         f"resumed), got {steps!r}")
     if not _is_kind(model_kind):
         print(f"FAIL kind: expected a minixl.kinds.ModelKind, got {type(model_kind).__name__}")
         return False
@@ -104,7 +107,8 @@ def _state(k, model, build, preset, steps):
     _, state = model.step(_tokens(model, k), None)
     if state is None:
         return "skip"
-    tensors, _ = states.flatten(state)
+    leaves, _ = states.flatten(state)
+    tensors = [t for t in leaves if torch.is_tensor(t)]  # (plain values may ride along)
     for t in tensors:
         if t.dim() == 0 or t.size(0) != B:
             return (f"a state tensor of shape {tuple(t.shape)} for a batch of {B} rows: every "
@@ -116,7 +120,9 @@ def _state(k, model, build, preset, steps):
                     "state.detach() (the next step cannot backward through this one's graph)")
     back = states.decode(states.encode(states.to_device(state, "cpu")))
     again, _ = states.flatten(back)
-    if len(again) != len(tensors) or not all(torch.equal(a, b) for a, b in zip(again, tensors)):
+    if len(again) != len(leaves) or not all(
+            torch.equal(a, b) if torch.is_tensor(a) and torch.is_tensor(b) else a == b
+            for a, b in zip(again, leaves)):
         return "the state is not the same after a checkpoint's encode and decode"
     return None
 
@@ -148,7 +154,7 @@ def _protocols(k, model, build, preset, steps):
     text = torch.randint(0, 256, (64 * length + 1,), generator=torch.Generator().manual_seed(2),
                          dtype=torch.uint8)
     for p in k.protocol_objects():
-        bpc = evaluate(model, text, p, seq_len=length, batch_size=B).bpc
+        bpc = evaluate(model, text, p, seq_len=length, batch_size=B, kind=k).bpc
         if not (math.isfinite(bpc) and bpc > 0):
             return f"the {p.name} protocol scored {bpc} bits per byte on random text"
     return None

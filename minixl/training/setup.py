@@ -160,8 +160,8 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     built = build_model(model, preset, model_settings=model_settings,
                         train_settings=train_settings, objective_options=objective_options)
     kind, cfg, length = built.kind, built.config, built.length
-    protocol = check_protocol(kind.protocol(), length, what=flag(kind.length))  # now, not
-    # after training
+    protocol = check_protocol(kind.protocol(), length, what=flag(kind.length), kind=kind)
+    # (found now, not after training)
     data = load_corpus(corpus)
     if len(data.valid) < length + 1:
         raise ValueError(f"the valid split of {data.name!r} has {len(data.valid):,} bytes, too "
@@ -180,7 +180,7 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
 
     def held_out(net: nn.Module, n_bytes: int | None) -> float:
         text = data.valid if n_bytes is None else data.valid[:n_bytes]
-        return evaluate(net, text, protocol, seq_len=length, batch_size=batch).bpc
+        return evaluate(net, text, protocol, seq_len=length, batch_size=batch, kind=kind).bpc
 
     meta = {"kind": kind.name}
     if kind.source:
