@@ -174,12 +174,12 @@ def check_protocol(protocol: str | Protocol, seq_len: int, *, model: nn.Module |
     """The protocol, after a clear error when it cannot score windows (or segments) of
     seq_len, or when the model's kind (the kind given, else the registered kind of its config
     class, if just one) does not declare it; `what` names the setting that gave seq_len."""
-    p = protocol_named(protocol, model, kind)
+    kind = kind or _kind_of_model(model)  # looked up once
+    p = protocol_named(protocol, kind=kind)
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     if p.check is not None:
         p.check(seq_len, what)
-    kind = kind or _kind_of_model(model)
     if kind is not None and p.name not in kind.protocol_names:
         raise ValueError(f"a {type(model).__name__} (--model {kind.name}) cannot be scored "
                          f"by the {p.name} protocol ({p.help}): its kind declares "

@@ -76,6 +76,12 @@ WHY = {errno.ENOSPC: ("the disk is full", "free space on it"),
                    "check the disk")}
 
 
+def _why(err: OSError) -> tuple[str, str]:
+    """(what a failed write's error means, with its errno's name; what to do about it)."""
+    why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
+    return f"{why} ({errno.errorcode.get(err.errno, str(err.errno))})", fix
+
+
 class Window:
     """Sums of the logged losses since the last row, kept on the device (no sync per step).
 
@@ -150,10 +156,13 @@ def _metrics_up_to(data: bytes, step: int) -> tuple[bytes, list[int], bool]:
 
 def _number(field: str) -> bool:
     """A metrics.csv field: empty (not measured at that step) or a number."""
+    if field == "":
+        return True
     try:
-        return field == "" or float(field) is not None
+        float(field)
     except ValueError:
         return False
+    return True
 
 
 def lock_holder(folder: Path) -> str:
@@ -351,10 +360,9 @@ class RunFolder:
                           f"its rows up to step {step}", file=sys.stderr)
         except OSError as err:
             tmp.unlink(missing_ok=True)
-            why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
-            code = errno.errorcode.get(err.errno, str(err.errno))
+            why, fix = _why(err)
             raise SaveFailed(f"could not cut {path} back to step {step}, the step of "
-                             f"{self.ckpt}: {why} ({code}); nothing in the folder was changed; "
+                             f"{self.ckpt}: {why}; nothing in the folder was changed; "
                              f"{fix}, then --resume again") from None
         self.saved, self._good = step, self._size(path)
 
@@ -366,7 +374,7 @@ class RunFolder:
         """A write to `path` failed: put metrics.csv back as it was at the last checkpoint
         (truncated in place, which needs no space) and say in one line what failed, why,
         what is kept and what to do."""
-        why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
+        why, fix = _why(err)
         self.close()
         metrics = self.out / METRICS
         try:
@@ -395,9 +403,7 @@ class RunFolder:
                      f"after step {self.saved})")
         elif undo:
             kept += f" (metrics.csv could not be removed, {undo})"
-        code = errno.errorcode.get(err.errno, str(err.errno))
-        return SaveFailed(f"could not write {what} to {path}: {why} ({code}); {kept}; {fix}, "
-                          f"{then}")
+        return SaveFailed(f"could not write {what} to {path}: {why}; {kept}; {fix}, {then}")
 
     def plot(self) -> None:
         """loss.png: training and held-out bits per byte against the step (drawn on a figure
