@@ -279,9 +279,20 @@ def _import_kind(spec: str) -> ModelKind:
         sys.path.insert(0, here)
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"--model {spec}: cannot import {module_name} ({err}); run from the "
-                         "folder that holds it or put it on PYTHONPATH") from None
+    except ModuleNotFoundError as err:
+        if err.name is not None and (module_name + ".").startswith(err.name + "."):
+            raise ValueError(f"--model {spec}: cannot find a module {module_name} (no "
+                             f"{module_name.replace('.', '/')}.py here or on PYTHONPATH); run "
+                             "from the folder that holds it or put it on PYTHONPATH") from None
+        raise ValueError(f"--model {spec}: {module_name} imports {err.name}, which is not "
+                         f"installed in this Python ({sys.executable}); install the package "
+                         f"that provides it{_where(err)}") from err
+    except SyntaxError as err:  # (IndentationError too): the line the parser stopped at
+        raise ValueError(f"--model {spec}: {module_name} is not valid Python: "
+                         f"{_short(err.filename)}, line {err.lineno}: {err.msg}") from err
+    except Exception as err:  # noqa: BLE001 - any error of the module's own code, named
+        raise ValueError(f"--model {spec}: importing {module_name} raised "
+                         f"{type(err).__name__}: {err}{_where(err)}") from err
     kind = getattr(module, attr, None)
     if not _is_kind(kind):
         raise ValueError(f"--model {spec}: {module_name}.{attr} is "
@@ -293,6 +304,30 @@ def _import_kind(spec: str) -> ModelKind:
     found = replace(kind, source=spec)
     object.__setattr__(found, "origin", kind.origin)  # its module's, not this one's
     return register(found)
+
+
+def _short(path: str | None) -> str:
+    """A file's path, relative to the current folder where it lies under it."""
+    if not path:
+        return "?"
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _where(err: BaseException) -> str:
+    """' (at FILE, line N)': the innermost line of the error's traceback in the user's own
+    code, not in Python's import machinery, the standard library or an installed package."""
+    import sysconfig
+    import traceback
+
+    skip = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                  for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<")]
+    own = [f for f in frames if not os.path.realpath(f.filename).startswith(skip)]
+    if not own:
+        return ""
+    return f" (at {_short(own[-1].filename)}, line {own[-1].lineno})"
 
 
 def kind_of(name: str) -> ModelKind:

@@ -2,6 +2,7 @@
 trainer's own optimiser, its FLOP counts, the GPU peak table, and the suite of every kind.
 (The numbers themselves are the benchmark's to report, not the tests'.)"""
 
+import dataclasses
 import math
 
 import pytest
@@ -94,9 +95,15 @@ def test_a_kind_without_a_count_is_charged_six_flops_per_weight():
 
 
 def test_the_suite_reads_each_kind_at_its_paper_scale_preset():
-    assert {name: kind.scale_preset for name, kind in KINDS.items()} == {
-        "char": "t12", "shaw": "base", "xl": "xl-base", "xlnet": "xlnet-base",
-        "segtree": "segtree-base"}
+    book = {"char": "t12", "shaw": "base", "xl": "xl-base", "xlnet": "xlnet-base",
+            "segtree": "segtree-base"}
+    assert {name: KINDS[name].scale_preset for name in book} == book
+    for kind in KINDS.values():  # the rule, for any kind: its first paper-scale preset
+        papers = [n for n, p in kind.presets.items() if p.paper]
+        assert kind.scale_preset == (papers[0] if papers else "base"), kind.name
+    mine = dataclasses.replace(KINDS["char"], name="mine", presets={
+        "tiny": KINDS["char"].presets["tiny"], "small": KINDS["char"].presets["small"]})
+    assert mine.scale_preset == "small"  # no paper-scale preset and no base: the last
 
 
 @pytest.mark.slow

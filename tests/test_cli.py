@@ -296,7 +296,8 @@ BAD = [
      "--aux-losses applies to --model char or shaw, not --model xlnet"),
     (["train", "--model", "nope"], None, "unknown model 'nope'"),
     (["train", "--model", "no_such_module:KIND"], None,
-     "--model no_such_module:KIND: cannot import no_such_module"),
+     "--model no_such_module:KIND: cannot find a module no_such_module (no no_such_module.py here "
+     "or on PYTHONPATH)"),
     (["train", "--model", "minixl.models:KINDS"], None,
      "--model minixl.models:KINDS: minixl.models.KINDS is a dict, not a minixl.kinds.ModelKind"),
     (["eval", "--checkpoint", "{ckpt}", "--model", "xl"], _copy,

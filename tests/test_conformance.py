@@ -1,7 +1,6 @@
 """minixl.check.kind, the checks every model kind must pass: the book's five pass them, a
 student's GRU kind passes them, and each check fails, saying what is wrong, on a kind that
-breaks its rule (a state not batch-first, a state still attached to the graph, a model that
-reads the future, a random generator the checkpoint does not keep)."""
+breaks its rule (a state not batch-first, a model that reads the future, a random generator the checkpoint does not keep)."""
 
 from dataclasses import dataclass, replace
 
@@ -66,10 +65,9 @@ def test_a_students_recurrent_kind_passes(capsys):
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"batch_first": False}, "gru, state: a state tensor of shape (1, 4, 8) for a batch of 4 "
-                             "rows: every tensor of the state must be batch-first"),
-    ({"detach": False}, "gru, state: the state it returns is still attached to the step's "
-                        "graph: return state.detach()"),
+    ({"batch_first": False}, "gru, state: step() returned a state tensor of shape [1, 4, 8] "
+                             "for a batch of 4 rows: every tensor of a state must have the "
+                             "batch as its first dimension"),
     ({"peek": True}, "gru, no leakage: the logits at position 3 change"),
     ({"noise": True}, "gru, resume: trained 4 steps unbroken, and 2 then resumed from the "
                       "checkpoint for 2, the weights differ"),
@@ -78,6 +76,10 @@ def test_each_check_fails_on_a_kind_that_breaks_its_rule(change, says, capsys):
     assert not check.kind(GRU, config=change)
     out = capsys.readouterr().out
     assert f"FAIL {says}" in out, out
+
+
+def test_a_state_still_attached_to_its_graph_passes_the_trainer_detaches_it(capsys):
+    assert check.kind(GRU, config={"detach": False}), capsys.readouterr().out
 
 
 def test_a_kind_that_says_it_is_not_causal_skips_the_leakage_check(capsys):

@@ -351,3 +351,100 @@ def test_an_unknown_protocol_is_refused_when_the_kind_is_declared():
                                          "'perplexity': name one of all-positions, sliding, "
                                          "memory, infill, or give a minixl.evaluation.Protocol"):
         replace(BIGRAM, name="odd", protocols=("perplexity",))
+
+
+# ---------------------------------------------------------------- what a student meets
+
+def test_a_carried_state_that_keeps_its_graph_is_detached_by_the_trainer(small_corpus):
+    """test_conformance's GRU returns its hidden vector with its graph (detach=False): the
+    trainer cuts it between steps (without that, step 2's backward runs into step 1's freed
+    graph), with and without micro-batches, and carries the model's state, rows in order."""
+    import copy
+
+    import minixl
+    from minixl import kinds
+    from minixl.training.loop import Net, train_step
+    from test_conformance import GRU, Recurrent, RecurrentConfig
+
+    try:
+        minixl.models.register(GRU)
+        for accum in (1, 2):
+            run = minixl.setup_run("gru", model_settings=dict(detach=False),
+                                   train_settings=dict(steps=4, batch_size=4, grad_accum=accum,
+                                                       eval_bytes=256),
+                                   corpus=str(small_corpus), device="cpu")
+            assert run.train(progress=False).steps == 4
+    finally:
+        kinds.KINDS.pop("gru", None)
+
+    model = Recurrent(RecurrentConfig(detach=False))
+    before = copy.deepcopy(model)  # the weights the step's forward saw
+    x = torch.randint(0, 256, (4, 8))
+    _, state, _ = train_step(Net(model), torch.optim.SGD(model.parameters(), lr=0.1), x, x,
+                             micro=2)
+    assert state.shape == (4, 1, 8) and not state.requires_grad
+    with torch.no_grad():  # the rows of the two micro-batches, in their order
+        assert torch.allclose(state, before.step(x)[1], atol=1e-6)
+
+
+def test_a_state_not_batch_first_is_refused_in_one_line(tmp_path, small_corpus):
+    """A GRU's own [layers, batch, hidden] would be cut wrongly into micro-batches: refused
+    at the first step, with the rule and the fix, with or without --grad-accum."""
+    for extra in ((), ("--grad-accum", "2")):
+        r = _minixl(tmp_path, "train", "--model", "test_conformance:GRU", "--no-batch-first",
+                    "--steps", "2", "--batch-size", "4", "--corpus", str(small_corpus),
+                    "--device", "cpu", "--no-progress", "--out", f"run{len(extra)}", *extra,
+                    code=2)
+        rows = 4 // (2 if extra else 1)
+        assert r.stderr.strip().splitlines()[-1] == (
+            f"minixl train: error: the model's step() returned a state tensor of shape [1, "
+            f"{rows}, 8] for a batch of {rows} rows: every tensor of a state must have the "
+            "batch as its first dimension (e.g. a GRU's hidden state [layers, batch, hidden] "
+            "as hidden.transpose(0, 1)); a value that is the same for every row may ride along "
+            "as a plain number"), r.stderr
+        assert "Traceback" not in r.stderr
+
+
+MODULES = {  # a module of one's own that does not import, and the line that says why
+    "unclosed": ("import torch\nx = (\n",
+                 "unclosed is not valid Python: unclosed.py, line 2: '(' was never closed"),
+    "indented": ("import torch\n  y = 1\n",
+                 "indented is not valid Python: indented.py, line 2: unexpected indent"),
+    "divides": ("import torch\n\ndef f():\n    return 1 / 0\n\nK = f()\n",
+                "importing divides raised ZeroDivisionError: division by zero (at divides.py, "
+                "line 4)"),
+    "wrongname": ("from torch import no_such_thing\n",
+                  "importing wrongname raised ImportError: cannot import name 'no_such_thing' "
+                  "from 'torch'"),
+    "needs": ("import torch\nimport a_package_nobody_installed\n",
+              "needs imports a_package_nobody_installed, which is not installed in this Python "
+              "(SYS); install the package that provides it (at needs.py, line 2)"),
+}
+
+
+def test_a_module_of_ones_own_that_does_not_import_is_named_with_file_and_line(
+        tmp_path, monkeypatch):
+    from minixl.kinds import kind_of
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, (code, said) in MODULES.items():
+        (tmp_path / f"{name}.py").write_text(code)
+        with pytest.raises(ValueError) as err:
+            kind_of(f"{name}:K")
+        assert str(err.value).startswith(f"--model {name}:K: " +
+                                         said.replace("SYS", sys.executable)), str(err.value)
+    with pytest.raises(ValueError, match="^--model absent:K: cannot find a module absent \\(no "
+                                         "absent.py here or on PYTHONPATH\\); run from the "
+                                         "folder that holds it"):
+        kind_of("absent:K")
+    with pytest.raises(ValueError, match="cannot find a module nopkg.mod \\(no nopkg/mod.py"):
+        kind_of("nopkg.mod:K")
+
+
+@pytest.mark.slow
+def test_a_module_that_does_not_import_ends_the_command_in_one_line(tmp_path):
+    name, (code, said) = "divides", MODULES["divides"]
+    (tmp_path / f"{name}.py").write_text(code)
+    r = _minixl(tmp_path, "train", "--model", f"{name}:K", "--steps", "1", code=2)
+    assert r.stderr == f"minixl train: error: --model {name}:K: {said}\n"

@@ -8,8 +8,8 @@ checkpoints and the evaluation protocols will:
 
 1. the model protocol: ``logits, state = model.step(tokens, state)``, logits [B, T, V];
 2. the state it carries (a kind that trains on streams): batch-first tensors (the trainer
-   splits them by rows for --grad-accum and across processes), detached from the step's
-   graph, and unchanged through a checkpoint;
+   splits them by rows for --grad-accum and across processes), unchanged through a
+   checkpoint (the trainer detaches it between steps: a model need not);
 3. no leakage: where the kind is causal, no logit changes when a later byte does;
 4. each evaluation protocol it declares scores a short random text;
 5. a tiny run stopped at its checkpoint and resumed ends bit-exactly as one never stopped.
@@ -108,16 +108,10 @@ def _state(k, model, build, preset, steps):
     if state is None:
         return "skip"
     leaves, _ = states.flatten(state)
-    tensors = [t for t in leaves if torch.is_tensor(t)]  # (plain values may ride along)
-    for t in tensors:
-        if t.dim() == 0 or t.size(0) != B:
-            return (f"a state tensor of shape {tuple(t.shape)} for a batch of {B} rows: every "
-                    "tensor of the state must be batch-first (rows along dim 0), as the "
-                    "trainer splits it by rows for --grad-accum and across processes; "
-                    "transpose one like a GRU's [layers, batch, hidden] before returning it")
-        if t.requires_grad:
-            return ("the state it returns is still attached to the step's graph: return "
-                    "state.detach() (the next step cannot backward through this one's graph)")
+    try:  # the trainer's own rule (it splits a state by rows for --grad-accum and processes)
+        states.check_rows(state, B, where="step()")
+    except states.StateError as err:
+        return str(err)
     back = states.decode(states.encode(states.to_device(state, "cpu")))
     again, _ = states.flatten(back)
     if len(again) != len(leaves) or not all(

@@ -152,8 +152,10 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
     rows (default: all; seeds[i] seeds micro-batch i's dropout). Each micro-batch's loss is
     scaled by 1/n so that the gradients add up to those of the mean loss over the b rows; a
     state is split into its rows and put back together. The gradient norm is clipped over
-    `params` (default: net's trainable parameters). Returns (mean losses, new state,
-    gradient norm), all on the device: nothing here waits for it."""
+    `params` (default: net's trainable parameters). The new state is detached: the next
+    step's backward stops at it (truncated backpropagation through time), so a model need
+    not detach its own. Returns (mean losses, new state, gradient norm), all on the device:
+    nothing here waits for it."""
     micro = x.size(0) if micro is None else micro
     n = x.size(0) // micro
     opt.zero_grad(set_to_none=True)
@@ -170,6 +172,9 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
             (parts["loss"] / n).backward()
         for k, v in parts.items():
             totals[k] = totals.get(k, 0.0) + v.detach() / n
+        if new is not None:  # carried to the next step, whose backward stops at it
+            states.check_rows(new, x[rows].size(0), where="the model's step()")
+            new = states.map_tensors(torch.Tensor.detach, new)
         new_states.append(new)
     params = [p for p in net.parameters() if p.requires_grad] if params is None else params
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)

@@ -18,14 +18,15 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["StateError", "flatten", "map_tensors", "rows", "cat_rows", "to_device", "encode",
+__all__ = ["StateError", "flatten", "check_rows", "map_tensors", "rows", "cat_rows", "to_device", "encode",
            "decode"]
 
 PLAIN = (int, float, bool, str, type(None))
 
 
-class StateError(TypeError):
-    """A model's state holds something the trainer cannot split, move or save."""
+class StateError(TypeError, ValueError):
+    """A model's state holds something the trainer cannot split, move or save (a ValueError
+    too, so that the command line reports it in one line as bad input)."""
 
 
 def flatten(state) -> tuple[list, pytree.TreeSpec]:
@@ -44,6 +45,19 @@ def flatten(state) -> tuple[list, pytree.TreeSpec]:
                          f"lists, dicts, named tuples and dataclasses; this one holds a "
                          f"{type(bad[0]).__name__}: make step() return tensors")
     return leaves, spec
+
+
+def check_rows(state, batch: int, where: str = "step()") -> None:
+    """Refuse a state whose tensors do not have the batch's `batch` rows as their first
+    dimension: the trainer splits a state by rows (micro-batches, processes), so a tensor laid
+    out otherwise (a GRU's own hidden state is [layers, batch, hidden]) would be cut wrongly."""
+    for x in flatten(state)[0]:
+        if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.size(0) != batch):
+            raise StateError(f"{where} returned a state tensor of shape {list(x.shape)} for a "
+                             f"batch of {batch} rows: every tensor of a state must have the "
+                             "batch as its first dimension (e.g. a GRU's hidden state "
+                             "[layers, batch, hidden] as hidden.transpose(0, 1)); a value that "
+                             "is the same for every row may ride along as a plain number")
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], state):
