@@ -68,6 +68,8 @@ def _read(path: Path) -> list[dict]:
 
 def test_both_command_lines_offer_every_entry_and_every_entry_a_tiny_setting_here():
     entries = registry_parser()._subparsers._group_actions[0].choices
+    untried = [name for name in EXPERIMENTS if name not in TINY]
+    assert not untried, f"give {', '.join(untried)} a tiny setting in TINY above"
     assert list(entries) == list(EXPERIMENTS) == list(TINY)
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     suite = next(a for a in bench._actions if a.dest == "suite")
@@ -278,4 +280,7 @@ def test_the_readme_lists_every_entry_with_its_csv():
     block = block[block.index("```\n") + 4:]
     listed = [(line.split()[0], line.split()[-1]) for line in block[:block.index("```")]
               .splitlines()]
+    unlisted = [e.name for e in EXPERIMENTS.values() if (e.name, e.csv) not in listed]
+    assert not unlisted, f"add {', '.join(unlisted)} (name, what it measures, CSV) to the " \
+                         "README's table of entries"
     assert listed == [(e.name, e.csv) for e in EXPERIMENTS.values()]

@@ -212,50 +212,18 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
 
 def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, overwrite,
            allow_change, meta, progress, no_decay, cleanup) -> TrainResult:
-    device, lead = ranks.device, ranks.rank == 0
+    device = ranks.device
     net = Net(model, objective).to(device)
-    own = net.own
-
-    # ---- the run folder: rank 0 checks it (and a checkpoint to resume); all learn the plan
-    run = RunFolder(Path(out), model, own, cfg, meta) if out is not None and lead else None
-    plan = None
-    if run:
-        cleanup.callback(run.unlock)
-        try:
-            plan = run.begin(resume, overwrite, set(allow_change))
-        except (ValueError, CheckpointError) as err:
-            plan = err
-    if out is not None:
-        plan = ranks.broadcast(plan)
-    if isinstance(plan, Exception):
-        raise plan
-    if plan is not None and not lead:  # rank 0's settings (the resume check saw them)
-        cfg = replace(TrainConfig(**plan["cfg"]), device=cfg.device)
-
-    opt = make_optimizer([model, own], cfg, device, no_decay=no_decay)
+    run, plan, cfg = _open_run(ranks, out, model, net.own, cfg, meta, resume, overwrite,
+                               allow_change, cleanup)
+    opt = make_optimizer([model, net.own], cfg, device, no_decay=no_decay)
     start, state = 0, None
     if plan is not None and plan["ckpt"] is not None:
-        start, state = restore(plan["ckpt"], plan["changed"], model, own, opt, cfg, device,
-                               Path(out) / CHECKPOINT, say=lead, no_decay=no_decay)
+        start, state = restore(plan["ckpt"], plan["changed"], model, net.own, opt, cfg, device,
+                               Path(out) / CHECKPOINT, say=ranks.rank == 0, no_decay=no_decay)
     b = cfg.batch_size // ranks.world  # this process's rows of each batch (and of the state)
     mine, micro = slice(ranks.rank * b, (ranks.rank + 1) * b), b // cfg.grad_accum
     state = states.to_device(states.rows(state, mine), device) if state is not None else None
-    def agreed(write: Callable) -> None:
-        """Rank 0 writes the run folder; every process stops if that failed."""
-        failed = None
-        if run:
-            try:
-                write()
-            except SaveFailed as err:
-                failed = err
-        failed = ranks.broadcast(failed)
-        if failed is not None:
-            raise failed
-
-    if run:
-        run.opt, run.saved = opt, start
-    if out is not None and start:
-        agreed(lambda: run.trim(start))
     if cfg.compile:
         model.compile()  # compiles the module in place: its state_dict keys stay plain
     if ranks.on and start < cfg.steps:
@@ -264,27 +232,13 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                        None if fresh or state is None else states.rows(state, slice(0, micro)),
                        device)
     params = [p for p in net.parameters() if p.requires_grad]
-    log, history, t0 = Window(cfg.lr, ranks), [], time.perf_counter()
-    bar = _progress_bar(progress and lead, start, cfg.steps, run)
-
-    def save(done: int, state) -> None:  # every process: the checks and the gather agree
-        log.check_finite(run)
-        whole = ranks.gather_rows(state)
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
-            raise TrainingDiverged(done, cfg.lr, f"{run.ckpt} (step {run.saved})"
-                                   if run and run.saved else "none")
-        agreed(lambda: run.save(done, whole))
-
-    def log_row(done: int, valid, lr: float) -> None:
-        row = log.row(done, valid, lr=lr, t0=t0, run=run)
-        history.append(row)
-        if out is not None:
-            agreed(lambda: run.write(row))
-        bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_bpc", "valid_bpc")
-                         if row[k] is not None})
+    rec = _Records(run, out is not None, ranks, model, cfg, opt, start)
+    if out is not None and start:
+        rec.agreed(lambda: run.trim(start))  # metrics rows after the checkpoint are redone
+    log, bar = rec.log, rec.bar(progress)
 
     done, valid = start, None
-    with Stopper(enabled=out is not None, distributed=ranks.on, quiet=not lead) as stopper:
+    with Stopper(enabled=out is not None, distributed=ranks.on, quiet=ranks.rank != 0) as stopper:
         try:
             for step in bar:
                 x, y, fresh = batches(step)  # the whole batch; this process takes its rows
@@ -308,19 +262,19 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                         valid = held_out(model, None if last else cfg.eval_bytes)
                 if (done % cfg.log_every == 0 or valid is not None or done == cfg.steps
                         or stopper.stop):  # a stopped run logs its last, shorter window
-                    log_row(done, valid, cfg.lr_at(step))
+                    rec.row(done, valid, cfg.lr_at(step))
                 if out is not None and (done % cfg.ckpt_every == 0 or done == cfg.steps
                                         or stopper.stop):
-                    save(done, state)
+                    rec.save(done, state)
                 if stopper.stop:
                     stopper.saved = True
                     ranks.barrier()  # no process ends before rank 0 has saved
                     raise TrainingInterrupted(stopper.stop, done, Path(out) / CHECKPOINT)
         except StopNow:  # a signal during held-out evaluation (one process only): the saved
             if log.n:  # step is consistent; the step's metrics row, without the evaluation
-                log_row(done, None, cfg.lr_at(done - 1))
+                rec.row(done, None, cfg.lr_at(done - 1))
             if run.saved != done:
-                save(done, state)
+                rec.save(done, state)
             stopper.saved = True
             raise TrainingInterrupted(stopper.signum, done, Path(out) / CHECKPOINT) from None
         finally:
@@ -332,8 +286,78 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     if run:
         run.plot()
     ranks.barrier()
-    return TrainResult(model, cfg.steps, valid, history, time.perf_counter() - t0, str(device),
-                       run.out if run else Path(out) if out is not None else None)
+    return TrainResult(model, cfg.steps, valid, rec.history, time.perf_counter() - rec.t0,
+                       str(device), run.out if run else Path(out) if out is not None else None)
+
+
+def _open_run(ranks, out, model, own, cfg, meta, resume, overwrite, allow_change, cleanup):
+    """(the run folder (rank 0's; None elsewhere or without `out`), the plan every process
+    restores from, the settings): rank 0 checks the folder and a checkpoint to resume, and
+    every process learns the plan (and takes rank 0's settings, which the check saw)."""
+    lead = ranks.rank == 0
+    run = RunFolder(Path(out), model, own, cfg, meta) if out is not None and lead else None
+    plan = None
+    if run:
+        cleanup.callback(run.unlock)
+        try:
+            plan = run.begin(resume, overwrite, set(allow_change))
+        except (ValueError, CheckpointError) as err:
+            plan = err
+    if out is not None:
+        plan = ranks.broadcast(plan)
+    if isinstance(plan, Exception):
+        raise plan
+    if plan is not None and not lead:
+        cfg = replace(TrainConfig(**plan["cfg"]), device=cfg.device)
+    return run, plan, cfg
+
+
+class _Records:
+    """What a run writes, agreed by every process: rank 0 writes the metrics rows and the
+    checkpoints, and every process stops if a write failed (or the run diverged)."""
+
+    def __init__(self, run, writes: bool, ranks, model, cfg, opt, start: int):
+        self.run, self.writes, self.ranks, self.model, self.cfg = run, writes, ranks, model, cfg
+        self.start, self.log, self.history = start, Window(cfg.lr, ranks), []
+        self.t0 = time.perf_counter()
+        self._bar = None
+        if run:
+            run.opt, run.saved = opt, start
+
+    def bar(self, show: bool):
+        """The steps to run, as a progress bar (rank 0's, if `show`)."""
+        self._bar = _progress_bar(show and self.ranks.rank == 0, self.start, self.cfg.steps,
+                                  self.run)
+        return self._bar
+
+    def agreed(self, write: Callable) -> None:
+        """Rank 0 writes the run folder; every process stops if that failed."""
+        failed = None
+        if self.run:
+            try:
+                write()
+            except SaveFailed as err:
+                failed = err
+        failed = self.ranks.broadcast(failed)
+        if failed is not None:
+            raise failed
+
+    def save(self, done: int, state) -> None:  # every process: the checks and the gather agree
+        run = self.run
+        self.log.check_finite(run)
+        whole = self.ranks.gather_rows(state)
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            raise TrainingDiverged(done, self.cfg.lr, f"{run.ckpt} (step {run.saved})"
+                                   if run and run.saved else "none")
+        self.agreed(lambda: run.save(done, whole))
+
+    def row(self, done: int, valid, lr: float) -> None:
+        row = self.log.row(done, valid, lr=lr, t0=self.t0, run=self.run)
+        self.history.append(row)
+        if self.writes:
+            self.agreed(lambda: self.run.write(row))
+        self._bar.set_postfix({k: f"{row[k]:.3f}" for k in ("train_bpc", "valid_bpc")
+                               if row[k] is not None})
 
 
 def _progress_bar(show: bool, start: int, steps: int, run: RunFolder | None):

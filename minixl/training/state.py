@@ -38,13 +38,27 @@ def flatten(state) -> tuple[list, pytree.TreeSpec]:
         if not new:
             break
         for cls in new:
-            pytree.register_dataclass(cls)
+            _register_dataclass(cls)
     bad = [x for x in leaves if not isinstance(x, (torch.Tensor, *PLAIN))]
     if bad:
         raise StateError(f"a model's state may hold tensors (and plain values) in tuples, "
                          f"lists, dicts, named tuples and dataclasses; this one holds a "
                          f"{type(bad[0]).__name__}: make step() return tensors")
     return leaves, spec
+
+
+def _register_dataclass(cls: type) -> None:
+    """Teach pytree to walk a dataclass by its init fields (torch's own register_dataclass
+    came only in torch 2.7; this works on every torch minixl supports)."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    pytree.register_pytree_node(
+        cls, lambda obj: ([getattr(obj, n) for n in names], None),
+        lambda values, _: cls(**dict(zip(names, values))),
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+
+
+def _is_namedtuple(x) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
 def check_rows(state, batch: int, where: str = "step()") -> None:
@@ -118,7 +132,7 @@ def _encode(x):
     if dataclasses.is_dataclass(x):
         return {CLASS: _class_name(type(x)), "fields": {
             f.name: _encode(getattr(x, f.name)) for f in dataclasses.fields(x)}}
-    if pytree.is_namedtuple_instance(x):
+    if _is_namedtuple(x):
         return {CLASS: _class_name(type(x)), "fields": {k: _encode(v)
                                                         for k, v in x._asdict().items()}}
     if isinstance(x, dict):
