@@ -448,3 +448,67 @@ def test_a_module_that_does_not_import_ends_the_command_in_one_line(tmp_path):
     (tmp_path / f"{name}.py").write_text(code)
     r = _minixl(tmp_path, "train", "--model", f"{name}:K", "--steps", "1", code=2)
     assert r.stderr == f"minixl train: error: --model {name}:K: {said}\n"
+
+
+NOTEBOOK = [  # a student's notebook: a kind with a protocol of its own, its cell run twice
+    """
+from dataclasses import dataclass
+import math
+import torch, torch.nn as nn, torch.nn.functional as F
+import minixl
+from minixl.evaluation import Protocol, evaluate
+from minixl.kinds import ModelKind, Preset
+from minixl.models import register
+
+@dataclass
+class TableConfig:
+    vocab_size: int = 256
+    block_size: int = 16
+
+class Table(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.table = nn.Embedding(config.vocab_size, config.vocab_size)
+    def step(self, tokens, state=None):
+        return self.table(tokens), None
+
+def second_half(model, data, *, seq_len, batch_size, stride):
+    n = (len(data) - 1) // seq_len
+    x = data[:n * seq_len].view(n, seq_len).long()
+    y = data[1:n * seq_len + 1].view(n, seq_len).long()
+    with torch.no_grad():
+        logits = model.step(x)[0][:, seq_len // 2:]
+    nats = F.cross_entropy(logits.flatten(0, 1).float(), y[:, seq_len // 2:].flatten())
+    return nats.item() / math.log(2), f"the second half of {n} windows"
+
+TABLE = register(ModelKind(
+    "table", "a notebook's bigram table", TableConfig, Table, "block_size",
+    {"tiny": Preset({}, dict(steps=3, batch_size=4, eval_bytes=512))},
+    protocols=(Protocol("second-half", second_half, "the second half of each window"),
+               "all-positions")))
+""",
+    "run = minixl.setup_run('table', corpus=CORPUS, device='cpu')\n"
+    "result = run.train(progress=False)\n"
+    "found = evaluate(result.model, run.corpus.valid, 'second-half', seq_len=16)\n"
+    "print(found.protocol, found.bpc == result.valid_bpc)",
+    "from minixl import check\nprint('all passed:', check.kind(TABLE))",
+]
+
+
+@pytest.mark.slow
+def test_a_kind_in_a_notebook_is_declared_again_trained_evaluated_and_checked(small_corpus):
+    """The issue's whole story in a real Jupyter kernel: declare a kind with a protocol of its
+    own in a cell, run that cell again, train it, score it by its protocol (the trainer's
+    held-out score used it too) and run the conformance check, with no edit of minixl."""
+    import nbclient
+    import nbformat
+
+    cells = [NOTEBOOK[0], NOTEBOOK[0], NOTEBOOK[1].replace("CORPUS", repr(str(small_corpus))),
+             NOTEBOOK[2]]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=300).execute()
+    out = ["".join(o.get("text", "") for o in cell.outputs) for cell in nb.cells]
+    assert out[2].strip().endswith("second-half True"), out[2]
+    assert out[3].count("PASS") == 4 and "FAIL" not in out[3], out[3]  # (no state: a SKIP)
+    assert out[3].strip().endswith("all passed: True"), out[3]
