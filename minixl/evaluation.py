@@ -207,7 +207,8 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: str | Protocol, *, 
     was_training = model.training  # a protocol scores the model without dropout
     model.eval()
     try:
-        with autocast(next(model.parameters()).device):
+        # no graph: a state carried from segment to segment holds none, whoever wrote it
+        with torch.no_grad(), autocast(next(model.parameters()).device):
             bpc, how = p.score(model, data, seq_len=seq_len, batch_size=batch_size,
                                stride=stride)
     finally:

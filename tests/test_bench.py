@@ -98,9 +98,10 @@ def test_the_suite_reads_each_kind_at_its_paper_scale_preset():
     book = {"char": "t12", "shaw": "base", "xl": "xl-base", "xlnet": "xlnet-base",
             "segtree": "segtree-base"}
     assert {name: KINDS[name].scale_preset for name in book} == book
-    for kind in KINDS.values():  # the rule, for any kind: its first paper-scale preset
-        papers = [n for n, p in kind.presets.items() if p.paper]
-        assert kind.scale_preset == (papers[0] if papers else "base"), kind.name
+    for kind in KINDS.values():  # the rule, for any kind: its first paper-scale preset,
+        papers = [n for n, p in kind.presets.items() if p.paper]  # else base, else its last
+        assert kind.scale_preset == (papers[0] if papers else "base" if "base" in kind.presets
+                                     else list(kind.presets)[-1]), kind.name
     mine = dataclasses.replace(KINDS["char"], name="mine", presets={
         "tiny": KINDS["char"].presets["tiny"], "small": KINDS["char"].presets["small"]})
     assert mine.scale_preset == "small"  # no paper-scale preset and no base: the last

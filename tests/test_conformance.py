@@ -65,8 +65,8 @@ def test_a_students_recurrent_kind_passes(capsys):
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"batch_first": False}, "gru, state: step() returned a state tensor of shape [1, 4, 8] "
-                             "for a batch of 4 rows: every tensor of a state must have the "
+    ({"batch_first": False}, "gru, state: step() returned a state tensor of shape [1, 6, 8] "
+                             "for an input of 6 rows: every tensor of a state must have the "
                              "batch as its first dimension"),
     ({"peek": True}, "gru, no leakage: the logits at position 3 change"),
     ({"noise": True}, "gru, resume: trained 4 steps unbroken, and 2 then resumed from the "

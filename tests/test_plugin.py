@@ -398,7 +398,7 @@ def test_a_state_not_batch_first_is_refused_in_one_line(tmp_path, small_corpus):
         rows = 4 // (2 if extra else 1)
         assert r.stderr.strip().splitlines()[-1] == (
             f"minixl train: error: the model's step() returned a state tensor of shape [1, "
-            f"{rows}, 8] for a batch of {rows} rows: every tensor of a state must have the "
+            f"{rows}, 8] for an input of {rows} rows: every tensor of a state must have the "
             "batch as its first dimension (e.g. a GRU's hidden state [layers, batch, hidden] "
             "as hidden.transpose(0, 1)); a value that is the same for every row may ride along "
             "as a plain number"), r.stderr
@@ -407,18 +407,29 @@ def test_a_state_not_batch_first_is_refused_in_one_line(tmp_path, small_corpus):
 
 MODULES = {  # a module of one's own that does not import, and the line that says why
     "unclosed": ("import torch\nx = (\n",
-                 "unclosed is not valid Python: unclosed.py, line 2: '(' was never closed"),
+                 "unclosed.py is not valid Python, line 2: '(' was never closed"),
     "indented": ("import torch\n  y = 1\n",
-                 "indented is not valid Python: indented.py, line 2: unexpected indent"),
+                 "indented.py is not valid Python, line 2: unexpected indent"),
     "divides": ("import torch\n\ndef f():\n    return 1 / 0\n\nK = f()\n",
                 "importing divides raised ZeroDivisionError: division by zero (at divides.py, "
                 "line 4)"),
-    "wrongname": ("from torch import no_such_thing\n",
+    "wrongname": ("import torch\nfrom torch import no_such_thing\n",
                   "importing wrongname raised ImportError: cannot import name 'no_such_thing' "
-                  "from 'torch'"),
+                  "from 'torch' (TORCH) (at wrongname.py, line 2)"),
     "needs": ("import torch\nimport a_package_nobody_installed\n",
               "needs imports a_package_nobody_installed, which is not installed in this Python "
-              "(SYS); install the package that provides it (at needs.py, line 2)"),
+              "(SYS): install the package that provides it there, or, if it is a file of yours, "
+              "put it beside needs.py (at needs.py, line 2)"),
+    "declares": ("from dataclasses import dataclass\nfrom minixl.kinds import ModelKind, Preset\n"
+                 "\n@dataclass\nclass C:\n    block_size: int = 4\n\n"
+                 "K = ModelKind('k', '', C, None, 'window', {'tiny': Preset({}, {})})\n",
+                 "importing declares raised ValueError: model kind 'k': window is not a field "
+                 "of C (at declares.py, line 8)"),  # minixl's check, at the student's line
+    "script": ("import sys\nsys.exit(3)\n",
+               "importing script ended the program (exit 3) (at script.py, line 2): keep a "
+               "script's own code under `if __name__ == '__main__':`"),
+    "asserts": ("assert 1 == 2\n", "importing asserts raised AssertionError (at asserts.py, "
+                                   "line 1)"),
 }
 
 
@@ -428,18 +439,30 @@ def test_a_module_of_ones_own_that_does_not_import_is_named_with_file_and_line(
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name, (code, said) in MODULES.items():
+    for name, (code, _) in MODULES.items():
         (tmp_path / f"{name}.py").write_text(code)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("import pkg.helper\n")
+    for name, (_, said) in MODULES.items():
         with pytest.raises(ValueError) as err:
             kind_of(f"{name}:K")
-        assert str(err.value).startswith(f"--model {name}:K: " +
-                                         said.replace("SYS", sys.executable)), str(err.value)
+        assert str(err.value).startswith(f"--model {name}:K: " + said.replace(
+            "SYS", sys.executable).replace("TORCH", torch.__file__)), str(err.value)
     with pytest.raises(ValueError, match="^--model absent:K: cannot find a module absent \\(no "
                                          "absent.py here or on PYTHONPATH\\); run from the "
                                          "folder that holds it"):
         kind_of("absent:K")
     with pytest.raises(ValueError, match="cannot find a module nopkg.mod \\(no nopkg/mod.py"):
         kind_of("nopkg.mod:K")
+    with pytest.raises(ValueError, match="^--model pkg.mod:K: pkg.mod imports pkg.helper, which "
+                                         "cannot be found beside it \\(misspelt, or not written "
+                                         "yet\\?\\) \\(at pkg/mod.py, line 1\\)$"):
+        kind_of("pkg.mod:K")
+    for path in ("bigram.py", "./bigram", "models/bigram"):
+        with pytest.raises(ValueError, match=f"^--model {path}:K: {path} is not a module name: "
+                                             "name the module, not its file"):
+            kind_of(f"{path}:K")
 
 
 @pytest.mark.slow

@@ -401,6 +401,30 @@ def test_a_dataclass_state_trains_in_micro_batches_and_resumes_exactly(tmp_path)
     assert torch.equal(ends[0]["fields"]["totals"]["sum"], ends[1]["fields"]["totals"]["sum"])
 
 
+@dataclasses.dataclass
+class Tallied:
+    seen: torch.Tensor  # [B, 2]
+    steps: int = dataclasses.field(default=0, init=False)  # set by the model, not __init__
+    last: torch.Tensor | None = dataclasses.field(default=None, init=False)  # [B]
+
+
+def test_a_dataclass_state_keeps_its_fields_that_init_does_not_take():
+    """A field with init=False goes through a split, a join and the trainer's detach as it
+    was, tensors cut by rows like the others (rebuilding from __init__ alone would reset it)."""
+    state = Tallied(torch.arange(8.0, requires_grad=True).view(4, 2) * 1)
+    state.steps, state.last = 5, torch.arange(4.0, requires_grad=True) * 1
+    half = states.rows(state, slice(2, 4))
+    assert half.steps == 5 and torch.equal(half.last, torch.tensor([2.0, 3.0]))
+    again = states.cat_rows([states.rows(state, slice(0, 2)), half])
+    assert again.steps == 5 and torch.equal(again.last, state.last)
+    cut = states.map_tensors(torch.Tensor.detach, state)
+    assert cut.steps == 5 and not cut.last.requires_grad and not cut.seen.requires_grad
+    bad = Tallied(torch.zeros(3, 2))
+    bad.last = torch.zeros(4)  # the non-init field is checked too
+    with pytest.raises(states.StateError, match=r"shape \[4\] for an input of 3 rows"):
+        states.check_rows(bad, 3)
+
+
 def test_a_state_the_trainer_cannot_split_is_one_clear_error(tmp_path):
     class Opaque(RunningMean):
         def step(self, tokens, state=None):

@@ -71,7 +71,7 @@ def kind(model_kind, *, config: dict | None = None, steps: int = 4) -> bool:
     return ok
 
 
-B = 4  # rows of the batches the checks read
+B = 6  # rows of the batches the checks read (micro-batches of 3: unlike a layer count)
 
 
 def _tokens(model, k, seed: int = 0) -> torch.Tensor:

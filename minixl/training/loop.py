@@ -224,6 +224,9 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     b = cfg.batch_size // ranks.world  # this process's rows of each batch (and of the state)
     mine, micro = slice(ranks.rank * b, (ranks.rank + 1) * b), b // cfg.grad_accum
     state = states.to_device(states.rows(state, mine), device) if state is not None else None
+    rec = _Records(run, out is not None, ranks, model, cfg, opt, start)
+    if out is not None and start:
+        rec.agreed(lambda: run.trim(start))  # metrics rows after the checkpoint are redone
     if cfg.compile:
         model.compile()  # compiles the module in place: its state_dict keys stay plain
     if ranks.on and start < cfg.steps:
@@ -232,10 +235,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                        None if fresh or state is None else states.rows(state, slice(0, micro)),
                        device)
     params = [p for p in net.parameters() if p.requires_grad]
-    rec = _Records(run, out is not None, ranks, model, cfg, opt, start)
-    if out is not None and start:
-        rec.agreed(lambda: run.trim(start))  # metrics rows after the checkpoint are redone
-    log, bar = rec.log, rec.bar(progress)
+    log, bar = rec.begin(progress)  # the clock starts here
 
     done, valid = start, None
     with Stopper(enabled=out is not None, distributed=ranks.on, quiet=ranks.rank != 0) as stopper:
@@ -318,17 +318,17 @@ class _Records:
 
     def __init__(self, run, writes: bool, ranks, model, cfg, opt, start: int):
         self.run, self.writes, self.ranks, self.model, self.cfg = run, writes, ranks, model, cfg
-        self.start, self.log, self.history = start, Window(cfg.lr, ranks), []
-        self.t0 = time.perf_counter()
-        self._bar = None
+        self.start, self.history = start, []
         if run:
             run.opt, run.saved = opt, start
 
-    def bar(self, show: bool):
-        """The steps to run, as a progress bar (rank 0's, if `show`)."""
+    def begin(self, show: bool):
+        """Start the clock: (the window of losses to log, the steps to run as a progress bar,
+        rank 0's if `show`)."""
+        self.log, self.t0 = Window(self.cfg.lr, self.ranks), time.perf_counter()
         self._bar = _progress_bar(show and self.ranks.rank == 0, self.start, self.cfg.steps,
                                   self.run)
-        return self._bar
+        return self.log, self._bar
 
     def agreed(self, write: Callable) -> None:
         """Rank 0 writes the run folder; every process stops if that failed."""

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["StateError", "flatten", "check_rows", "map_tensors", "rows", "cat_rows", "to_device", "encode",
-           "decode"]
+__all__ = ["StateError", "flatten", "check_rows", "map_tensors", "rows", "cat_rows",
+           "to_device", "encode", "decode"]
 
 PLAIN = (int, float, bool, str, type(None))
 
@@ -48,12 +48,21 @@ def flatten(state) -> tuple[list, pytree.TreeSpec]:
 
 
 def _register_dataclass(cls: type) -> None:
-    """Teach pytree to walk a dataclass by its init fields (torch's own register_dataclass
-    came only in torch 2.7; this works on every torch minixl supports)."""
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    """Teach pytree to walk a dataclass: every field is a child (so a tensor in any field is
+    split, moved and detached with the rest); rebuilt from its init fields, then the others
+    set as they were (as `decode` does)."""
+    init = [f.name for f in dataclasses.fields(cls) if f.init]
+    rest = [f.name for f in dataclasses.fields(cls) if not f.init]
+
+    def unflatten(values, _):
+        values = dict(zip(init + rest, values))
+        obj = cls(**{k: values[k] for k in init})
+        for k in rest:
+            object.__setattr__(obj, k, values[k])
+        return obj
+
     pytree.register_pytree_node(
-        cls, lambda obj: ([getattr(obj, n) for n in names], None),
-        lambda values, _: cls(**dict(zip(names, values))),
+        cls, lambda obj: ([getattr(obj, n) for n in init + rest], None), unflatten,
         serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
 
 
@@ -67,8 +76,8 @@ def check_rows(state, batch: int, where: str = "step()") -> None:
     out otherwise (a GRU's own hidden state is [layers, batch, hidden]) would be cut wrongly."""
     for x in flatten(state)[0]:
         if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.size(0) != batch):
-            raise StateError(f"{where} returned a state tensor of shape {list(x.shape)} for a "
-                             f"batch of {batch} rows: every tensor of a state must have the "
+            raise StateError(f"{where} returned a state tensor of shape {list(x.shape)} for "
+                             f"an input of {batch} rows: every tensor of a state must have the "
                              "batch as its first dimension (e.g. a GRU's hidden state "
                              "[layers, batch, hidden] as hidden.transpose(0, 1)); a value that "
                              "is the same for every row may ride along as a plain number")
