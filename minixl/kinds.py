@@ -6,7 +6,8 @@ protocols, the benchmark and the command line need to know about a model, so tha
 them ever asks which model it holds:
 
 - its config class and builder, and the config field of its length;
-- how its batches come: random windows, or ordered streams whose state the trainer carries;
+- how its batches come: random windows, or ordered streams whose state the trainer carries
+  (for every config, or for those a function of the config picks);
 - its objective (the trainer's next-byte loss unless it says otherwise) and that
   objective's command-line options;
 - its presets (`Preset`: model sizes, training settings, objective options and a line of
@@ -86,7 +87,9 @@ class ModelKind:
     build: Callable[[object], nn.Module]
     length: str  # the config field that holds the training length
     presets: dict[str, Preset]
-    streams: bool = False  # False: random windows, no state; True: ordered streams, state carried
+    # False: random windows, no state; True: ordered streams, state carried; or a function of
+    # the model's config that says which (XLNet reads streams only when it has a memory)
+    streams: bool | Callable[[object], bool] = False
     # evaluation protocols, the default first: names of the book's (minixl.evaluation.PROTOCOLS)
     # or Protocol objects of the kind's own
     protocols: tuple = ("all-positions", "sliding")
@@ -122,6 +125,9 @@ class ModelKind:
         if extra:
             raise ValueError(f"model kind {self.name!r}: a preset sets objective options "
                              f"{', '.join(sorted(set(extra)))}, which its objective does not take")
+        if not isinstance(self.streams, bool) and not callable(self.streams):
+            raise ValueError(f"model kind {self.name!r}: streams must be True, False or a "
+                             f"function of the model's config, got {self.streams!r}")
         if not self.protocols or not self.presets:
             raise ValueError(f"model kind {self.name!r} needs at least one evaluation protocol "
                              "and one preset")
@@ -195,10 +201,15 @@ class ModelKind:
         return self.objective.tag(options) if self.objective and self.objective.tag else None
 
     # ---- data and cost
+    def reads_streams(self, model_cfg) -> bool:
+        """Whether a model of this config trains on ordered streams, its state carried."""
+        return bool(self.streams(model_cfg) if callable(self.streams) else self.streams)
+
     def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
         """The batch source of this kind: step -> (x, y, fresh)."""
         length = getattr(model_cfg, self.length)
-        source = self.batch_source or (_streams if self.streams else RandomWindows)
+        source = self.batch_source or (_streams if self.reads_streams(model_cfg)
+                                       else RandomWindows)
         return source(data, batch_size, length, seed=seed)
 
     def flops_per_token(self, model: nn.Module) -> float:

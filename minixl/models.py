@@ -261,10 +261,10 @@ def _permutation_objective(model_cfg) -> nn.Module:
 
 
 # n_predict = seq_len / K with K about 6: Yang et al. (2019) predict the last 1/K of each
-# order, K = 6 for XLNet-Large (their ablation of the base model also tries 7). Training reads
-# random windows without memory (the paper also carries a memory of 384 across segments,
-# which minixl's XLNet training does not do), so mem_len is 0: sampling then re-reads the
-# last seq_len - 1 bytes at each step (XLNet.step).
+# order, K = 6 for XLNet-Large (their ablation of the base model also tries 7). The presets
+# train on random windows without memory (mem_len 0; sampling then re-reads the last
+# seq_len - 1 bytes at each step, XLNet.step); --mem-len M > 0 trains on ordered streams with
+# a memory of M carried across segments, as the paper does (its memory is 384).
 _XLNET_BASE = Preset(
     dict(n_layer=12, d_model=768, n_head=12, d_inner=3072, seq_len=512, n_predict=85,
          dropout=0.1, dropatt=0.1),
@@ -281,22 +281,31 @@ _XLNET_PRESETS = {
     # xlnet-base: the XLNet-Base shape of "XLNet: Generalized Autoregressive Pretraining for
     # Language Understanding" (Yang et al., 2019): 12 layers, d 768, 12 heads, d_inner 3072,
     # windows of 512, K about 6. Ours: bytes, not word pieces; 20k steps of 32 windows (the
-    # paper trains 500k steps of 8,192 sequences); no memory across windows (the paper's is
-    # 384).
+    # paper trains 500k steps of 8,192 sequences); no memory across windows unless --mem-len
+    # is given (the paper's is 384).
     "xlnet-base": replace(_XLNET_BASE, paper=True, help="Yang et al. (2019), XLNet-Base: 12 "
                           "layers, d 768, windows of 512"),
 }
 
+def _has_memory(config) -> bool:
+    """XLNet trains on ordered streams, its memory carried, when it has one (--mem-len)."""
+    return config.mem_len > 0
+
+
 _BOOK.append(ModelKind(
-    "xlnet", "Chapter 5's XLNet, trained on random windows with the permutation objective",
-    XLNetConfig, XLNet, "seq_len", _XLNET_PRESETS, protocols=("infill", "all-positions"),
+    "xlnet", "Chapter 5's XLNet with the permutation objective (random windows; ordered "
+    "streams with the memory carried across segments when --mem-len > 0)",
+    XLNetConfig, XLNet, "seq_len", _XLNET_PRESETS, streams=_has_memory,
+    protocols=("infill", "all-positions", "memory"), eval_overrides=("mem_len", "clamp_len"),
     objective=Objective(_permutation_objective),
     # u, v and the segment bias [H, D]; the two segment encodings s+, s- [2, H, D]
     no_decay=("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"),
     flops=_xlnet_flops,
     field_help={
-        "seq_len": "the window length", "mem_len": "memory length per layer (0 = none; "
-        "carried only when sampling)", "clamp_len": "cap on relative distances (0 = none)",
+        "seq_len": "the window length", "mem_len": "memory length per layer (0 = none: "
+        "training reads random windows; > 0: ordered streams, the memory carried from segment "
+        "to segment, as the paper pretrains)", "clamp_len": "cap on relative distances "
+        "(0 = none)",
         "n_predict": "bytes predicted per window, the last of a random factorisation order "
                      "(partial prediction, K = seq-len / n-predict)"}))
 

@@ -400,7 +400,9 @@ def training_masks(B: int, T: int, n_predict: int, *, kind: str = "permutation",
 
 class PermutationObjective(nn.Module):
     """The trainer's objective for XLNet: the input is its own target (the query stream at a
-    position predicts the byte there); loss over the predicted positions only."""
+    position predicts the byte there); loss over the predicted positions only. With a memory
+    (mem_len > 0) the state is the memory: every position of this segment reads the cached
+    content of the ones before (section 5.6), and the new memory is returned."""
 
     def __init__(self, kind: str = "permutation"):
         super().__init__()
@@ -412,9 +414,9 @@ class PermutationObjective(nn.Module):
         B, T = x.shape
         masks, targets = training_masks(B, T, model.config.n_predict, kind=self.kind,
                                         device=x.device)
-        logits = model(x, masks=masks, target_mapping=targets).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), x.gather(1, targets).flatten())
-        return {"loss": loss}, state
+        out = model(x, masks=masks, target_mapping=targets, mems=state)
+        loss = F.cross_entropy(out.logits.float().flatten(0, 1), x.gather(1, targets).flatten())
+        return {"loss": loss}, out.mems if model.config.mem_len else None
 
 
 # %% book/05_xlnet.md, section 5.7 The reference implementation

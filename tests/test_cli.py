@@ -16,7 +16,7 @@ import torch
 from conftest import train_args
 from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
-from minixl.data import RandomWindows, decode, encode, load_corpus
+from minixl.data import OrderedStreams, RandomWindows, decode, encode, load_corpus
 from minixl.evaluation import evaluate
 from minixl.models import model_from_checkpoint
 
@@ -111,7 +111,8 @@ def test_help_lists_the_commands_and_the_exit_codes(capsys):
             "factorisation order (partial prediction, K = seq-len / n-predict) (xlnet)") in text
     assert "--seq-len SEQ_LEN the window length (xlnet)" in text
     assert ("--mem-len MEM_LEN xl: memory length per layer (0 = none); xlnet: memory length "
-            "per layer (0 = none; carried only when sampling)") in text
+            "per layer (0 = none: training reads random windows; > 0: ordered streams, the "
+            "memory carried from segment to segment, as the paper pretrains)") in text
     assert ("--aux-losses AUX_LOSSES Chapter 2's losses: comma-separated positions, layers[=W], "
             "targets[=W], or none (default positions; char, shaw)") in text
     assert "--block-size BLOCK_SIZE the window length (char, shaw, segtree)" in text
@@ -162,23 +163,24 @@ def test_infill_needs_a_model_that_sees_both_sides(char_run, small_corpus):
 def test_a_windowed_kind_resumes_bit_exactly(kind, request, small_corpus, tmp_path, monkeypatch):
     """A Ctrl-C during step 4 of 8 saves step 4; --resume then ends exactly as the unbroken
     run (for XLNet the factorisation orders come from the global RNG, which the trainer seeds
-    per step)."""
+    per step; at the tiny test size it has a memory, so it reads streams and the memory is
+    carried through the stop)."""
     whole = request.getfixturevalue(f"{kind}_run")
-    real, part = RandomWindows.__call__, tmp_path / "part"
+    part = tmp_path / "part"
+    for cls in (RandomWindows, OrderedStreams):
+        def ctrl_c_at_step_4(self, step, real=cls.__call__):
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGINT)  # held by the trainer until step 4 ends
+            return real(self, step)
 
-    def ctrl_c_at_step_4(self, step):
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # held by the trainer until the step is done
-        return real(self, step)
-
+        monkeypatch.setattr(cls, "__call__", ctrl_c_at_step_4)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(RandomWindows, "__call__", ctrl_c_at_step_4)
     try:
         assert main(train_args(kind, part, 8, "--corpus", str(small_corpus))) == 130
     finally:  # minixl train ignores further signals once it has stopped: put them back
         for s, handler in handlers.items():
             signal.signal(s, handler)
-    monkeypatch.setattr(RandomWindows, "__call__", real)
+    monkeypatch.undo()
     assert load_checkpoint(part / "checkpoint.pt", for_resume=True)["step"] == 4
     assert main(train_args(kind, part, 8, "--corpus", str(small_corpus), "--resume")) == 0
 
@@ -281,7 +283,7 @@ BAD = [
     (["eval", "--checkpoint", "{ckpt}", "--protocol", "memory"], _copy,
      "--protocol memory does not apply to a --model char checkpoint"),
     (["eval", "--checkpoint", "{ckpt}", "--mem-len", "8"], _copy,
-     "--mem-len applies to --model xl checkpoints"),
+     "--mem-len applies to --model xl or xlnet checkpoints"),
     (["eval", "--checkpoint", "{ckpt}", "--protocol", "infill"], _copy,
      "--protocol infill does not apply to a --model char checkpoint"),
     (["train", "--model", "segtree", "--k", "0"], None, "k must be a positive integer"),

@@ -238,8 +238,10 @@ def _interrupt(argv, metrics: Path, rows: int, signum) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,signum", [("char", signal.SIGINT), ("shaw", signal.SIGTERM),
-                                         ("xl", signal.SIGINT), ("xl", signal.SIGTERM)],
-                         ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM"])
+                                         ("xl", signal.SIGINT), ("xl", signal.SIGTERM),
+                                         ("xlnet", signal.SIGTERM)],
+                         ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM",
+                              "xlnet-with-memory-SIGTERM"])
 def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small_corpus):
     """A user's Ctrl-C (or a scheduler's SIGTERM) at a random moment of `minixl train`: the
     run stops after the step it was in, with a checkpoint of that step. Resumed and stopped
@@ -265,6 +267,9 @@ def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small
     _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
     assert _steps_logged(part) == _steps_logged(whole) == list(range(1, end + 1))
     assert not list(part.glob("*.part"))
+    if kind in ("xl", "xlnet"):  # (tiny: --mem-len 16 and 32) the memory was carried and kept
+        saved = load_checkpoint(part / "checkpoint.pt", for_resume=True)["state"]
+        assert saved is not None and all(m.size(1) > 0 for m in saved), kind
 
 
 @pytest.mark.slow

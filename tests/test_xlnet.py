@@ -2,12 +2,14 @@
 query stream's blindness to its own token, memory under permutation, equivalence with the
 Hugging Face reference, training masks and the infilling readings."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import TINY_CONFIGS
 from minixl.char_transformer import causal_mask
 from minixl.xlnet import (CLS, INFILL_READINGS, SEP, TRAINING_KINDS, FeedForward,
                           PermutationObjective, TwoStreamAttention, XLNet, XLNetConfig,
@@ -856,3 +858,49 @@ def test_forward_output_shapes_and_argument_errors():
     assert tiny().d_head == 16
     ff = FeedForward(8, 16)
     assert ff(torch.randn(3, 8)).shape == (3, 8)
+
+
+# ---------------------------------------------------------------- memory in training
+
+def test_the_objective_carries_the_memory_from_segment_to_segment():
+    """With mem_len > 0 the trainer's state is XLNet's memory: segment 2's loss reads segment
+    1's cached content (it differs from a fresh start), equals the model called by hand with
+    that memory, and the new memory is returned detached, [B, mem_len, C] per layer."""
+    from conftest import tiny_model
+    from minixl.xlnet import PermutationObjective, training_masks
+
+    model = tiny_model("xlnet", mem_len=16, dropout=0.0)
+    objective = PermutationObjective()
+    x1, x2 = (torch.randint(0, 256, (3, 32), generator=torch.Generator().manual_seed(s))
+              for s in (1, 2))
+    _, memory = objective(model, x1, x1)
+    assert [tuple(m.shape) for m in memory] == [(3, 16, 32)] and not memory[0].requires_grad
+    torch.manual_seed(5)
+    with_memory, new = objective(model, x2, x2, memory)
+    torch.manual_seed(5)
+    fresh, _ = objective(model, x2, x2, None)
+    torch.manual_seed(5)
+    masks, targets = training_masks(3, 32, model.config.n_predict)
+    by_hand = model(x2, masks=masks, target_mapping=targets, mems=memory)
+    expected = F.cross_entropy(by_hand.logits.flatten(0, 1), x2.gather(1, targets).flatten())
+    assert torch.allclose(with_memory["loss"], expected)
+    # (an untrained model's loss moves little with its context, but it moves: ignoring the
+    # memory would give the very same number, the same masks drawn)
+    assert with_memory["loss"].item() != fresh["loss"].item()
+    assert torch.equal(new[0], by_hand.mems[0]) and not new[0].requires_grad
+    assert objective(tiny_model("xlnet", mem_len=0), x1, x1)[1] is None  # no memory, no state
+
+
+def test_xlnet_reads_ordered_streams_only_with_a_memory():
+    from minixl.data import OrderedStreams, RandomWindows
+    from minixl.models import KINDS
+
+    data = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(0)).byte()
+    kind = KINDS["xlnet"]
+    for mem_len, source in ((0, RandomWindows), (16, OrderedStreams)):
+        config = kind.config(**{**TINY_CONFIGS["xlnet"], "mem_len": mem_len})
+        assert kind.reads_streams(config) == (mem_len > 0)
+        assert isinstance(kind.batches(data, 4, config, seed=0), source)
+    with pytest.raises(ValueError, match="streams must be True, False or a function of the "
+                                         "model's config, got 'yes'"):
+        dataclasses.replace(kind, name="odd", streams="yes")

@@ -95,7 +95,7 @@ def _protocol(k, model, build, preset, steps):
             return (f"logits for tokens of shape {tuple(x.shape)} must have shape "
                     f"{(*x.shape, 'V')}, V >= 256 (one score per byte), got "
                     f"{tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__}")
-        if k.streams or k.batch_source:
+        if k.reads_streams(model.config) or k.batch_source:
             model.step(_tokens(model, k, 1), state)  # the next segment reads the state
     return None
 
