@@ -173,8 +173,7 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
         for k, v in parts.items():
             totals[k] = totals.get(k, 0.0) + v.detach() / n
         if new is not None:  # carried to the next step, whose backward stops at it
-            states.check_rows(new, x[rows].size(0), where="the model's step()")
-            new = states.map_tensors(torch.Tensor.detach, new)
+            new = states.carried(new, x[rows].size(0), where="the model's step()")
         new_states.append(new)
     params = [p for p in net.parameters() if p.requires_grad] if params is None else params
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)

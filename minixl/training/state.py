@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["StateError", "flatten", "check_rows", "map_tensors", "rows", "cat_rows",
+__all__ = ["StateError", "flatten", "check_rows", "carried", "map_tensors", "rows", "cat_rows",
            "to_device", "encode", "decode"]
 
 PLAIN = (int, float, bool, str, type(None))
@@ -74,7 +74,20 @@ def check_rows(state, batch: int, where: str = "step()") -> None:
     """Refuse a state whose tensors do not have the batch's `batch` rows as their first
     dimension: the trainer splits a state by rows (micro-batches, processes), so a tensor laid
     out otherwise (a GRU's own hidden state is [layers, batch, hidden]) would be cut wrongly."""
-    for x in flatten(state)[0]:
+    _check_rows(flatten(state)[0], batch, where)
+
+
+def carried(state, batch: int, where: str = "step()"):
+    """The state a step returned, as the trainer carries it to the next: its rows checked
+    (check_rows) and every tensor detached, in one walk of the state."""
+    leaves, spec = flatten(state)
+    _check_rows(leaves, batch, where)
+    return pytree.tree_unflatten([x.detach() if isinstance(x, torch.Tensor) else x
+                                  for x in leaves], spec)
+
+
+def _check_rows(leaves: list, batch: int, where: str) -> None:
+    for x in leaves:
         if isinstance(x, torch.Tensor) and (x.dim() == 0 or x.size(0) != batch):
             raise StateError(f"{where} returned a state tensor of shape {list(x.shape)} for "
                              f"an input of {batch} rows: every tensor of a state must have the "
