@@ -44,6 +44,7 @@ _NAMES = {
     'PermutationObjective': 'xlnet',
     'PositionwiseFF': 'transformer_xl',
     'Preset': 'models',
+    'PretrainStreams': 'xlnet',
     'Protocol': 'evaluation',
     'RULES': 'segtree',
     'RelMultiHeadAttention': 'transformer_xl',
@@ -125,6 +126,7 @@ _NAMES = {
     'parse_aux_losses': 'models',
     'permutation_masks': 'xlnet',
     'position_keys': 'transformer_xl',
+    'pretraining_masks': 'xlnet',
     'project_memory': 'transformer_xl',
     'protocol_named': 'evaluation',
     'register': 'models',
@@ -164,6 +166,7 @@ _NAMES = {
     'two_stream_loop': 'xlnet',
     'with_overrides': 'models',
     'xl_forward_cached': 'transformer_xl',
+    'xlnet_batches': 'xlnet',
 }
 _MODULES = (
     'aux_losses', 'bench', 'char_transformer', 'check', 'checkpoint', 'cli', 'data',

@@ -26,7 +26,7 @@ from .options import Option
 from .relative_attention import shaw_factory
 from .segtree import SegTreeConfig, SegTreeTransformer, segtree_graph
 from .transformer_xl import TransformerXL, TransformerXLConfig
-from .xlnet import XLNet, XLNetConfig
+from .xlnet import XLNet, XLNetConfig, xlnet_batches
 
 __all__ = ["Preset", "Objective", "ModelKind", "KINDS", "DEFAULT_MODEL", "register", "kind_of",
            "paper_presets", "resolve_preset", "model_from_checkpoint", "with_overrides",
@@ -296,6 +296,7 @@ _BOOK.append(ModelKind(
     "xlnet", "Chapter 5's XLNet with the permutation objective (random windows; ordered "
     "streams with the memory carried across segments when --mem-len > 0)",
     XLNetConfig, XLNet, "seq_len", _XLNET_PRESETS, streams=_has_memory,
+    batch_source=xlnet_batches,
     protocols=("infill", "all-positions", "memory"), eval_overrides=("mem_len", "clamp_len"),
     objective=Objective(_permutation_objective),
     # u, v and the segment bias [H, D]; the two segment encodings s+, s- [2, H, D]
@@ -306,6 +307,11 @@ _BOOK.append(ModelKind(
         "training reads random windows; > 0: ordered streams, the memory carried from segment "
         "to segment, as the paper pretrains)", "clamp_len": "cap on relative distances "
         "(0 = none)",
+        "reuse_len": "0 = segments of the stream, all cached as memory; > 0: the paper's "
+        "pretraining input [reuse block of this many bytes; A, SEP, B, SEP, CLS], B by a coin "
+        "flip from elsewhere, only the reuse block cached (the paper: 256 of 512)",
+        "bi_data": "half of each batch reads the streams backwards, its distances negated "
+        "(the paper's bi_data)",
         "n_predict": "bytes predicted per window, the last of a random factorisation order "
                      "(partial prediction, K = seq-len / n-predict)"}))
 

@@ -13,8 +13,9 @@ __all__ = [
     'bidirectional_distances', 'sinusoid', 'rel_shift_bi', 'rel_gather',
     'masked_softmax', 'TwoStreamAttention', 'two_stream_loop', 'FeedForward',
     'XLNetConfig', 'XLNetOutput', 'target_positions', 'XLNet', 'TRAINING_KINDS',
-    'training_masks', 'PermutationObjective', 'hf_state_dict', 'masks_from_hf',
-    'masks_to_hf', 'INFILL_READINGS', 'span_bits', 'evaluate_infill',
+    'training_masks', 'PermutationObjective', 'pretraining_masks', 'PretrainStreams',
+    'xlnet_batches', 'hf_state_dict', 'masks_from_hf', 'masks_to_hf', 'INFILL_READINGS',
+    'span_bits', 'evaluate_infill',
 ]
 
 # %% book/05_xlnet.md, section 5. XLNet: permutation language modelling and two-stream attention
@@ -28,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .char_transformer import eval_mode
+from .data import Batch, OrderedStreams, RandomWindows, step_seed
 
 
 # %% book/05_xlnet.md, section 5.2 Permutation language modelling
@@ -156,11 +158,12 @@ class TwoStreamAttention(nn.Module):
 
     def forward(self, h, g, pos_emb, content_mask, query_mask, *, g_pos=None, mems=None,
                 seg_same=None, seg_same_g=None):
-        """h [B, T, C], g [B, P, C] or None, pos_emb [M + 2T - 1, C] (descending distances),
-        masks [B, T, M + T] and [B, P, M + T], g_pos [B, P] -> (h, g)."""
+        """h [B, T, C], g [B, P, C] or None, pos_emb [M + 2T - 1, C] (descending distances;
+        [B, M + 2T - 1, C]: a table per row), masks [B, T, M + T] and [B, P, M + T], g_pos
+        [B, P] -> (h, g)."""
         cat = h if mems is None else torch.cat([mems, h], dim=1)  # (B, M + T, C)
         k, v = self.heads(cat, self.k), self.heads(cat, self.v)
-        r_k = self.r(pos_emb).unflatten(-1, (self.n_head, self.d_head)).transpose(0, 1)
+        r_k = self.r(pos_emb).unflatten(-1, (self.n_head, self.d_head)).transpose(-3, -2)
         out_h = self.attend(self.heads(h, self.q), k, v, r_k, content_mask, seg_same=seg_same)
         h = self.layer_norm(h + self.drop(self.o(out_h)))
         if g is not None:
@@ -221,7 +224,10 @@ class FeedForward(nn.Module):
 class XLNetConfig:
     """Sizes of an XLNet over bytes (+ SEP and CLS); seq_len bytes per sequence, of which
     training predicts n_predict (partial prediction, K = seq_len / n_predict); mem_len
-    cached content states per layer (0 = none); clamp_len > 0 caps distances."""
+    cached content states per layer (0 = none); clamp_len > 0 caps distances. reuse_len > 0
+    trains on the paper's pretraining input, [reuse block of reuse_len bytes; A, SEP, B, SEP,
+    CLS], caching only the reuse block as memory; bi_data also reads each text backwards
+    (section 5.6)."""
 
     vocab_size: int = 258
     n_layer: int = 4
@@ -235,13 +241,15 @@ class XLNetConfig:
     dropout: float = 0.0
     dropatt: float = 0.0
     layer_norm_eps: float = 1e-12
+    reuse_len: int = 0
+    bi_data: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_inner", "seq_len",
                      "n_predict"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("mem_len", "clamp_len"):
+        for name in ("mem_len", "clamp_len", "reuse_len"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = none), got {getattr(self, name)}")
         if self.n_predict > self.seq_len:
@@ -252,6 +260,26 @@ class XLNetConfig:
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.dropatt < 1.0):
             raise ValueError(f"dropout and dropatt must be in [0, 1), got {self.dropout} and "
                              f"{self.dropatt}")
+        if self.reuse_len:
+            if self.vocab_size <= CLS:
+                raise ValueError(f"reuse_len > 0 needs SEP and CLS in the vocabulary "
+                                 f"(vocab_size > {CLS}), got vocab_size={self.vocab_size}")
+            free = self.seq_len - self.reuse_len - 3  # the bytes of A and B
+            if free < 2:
+                raise ValueError(f"reuse_len={self.reuse_len} leaves {max(free, 0)} bytes of "
+                                 f"seq_len={self.seq_len} for A and B after SEP, SEP and CLS; "
+                                 f"at most reuse_len={self.seq_len - 5}")
+            n0, n1 = self.predict_split
+            if n1 > free:
+                raise ValueError(f"n_predict={self.n_predict} puts {n1} targets in A and B, "
+                                 f"which hold only {free} bytes; predict fewer")
+
+    @property
+    def predict_split(self) -> tuple[int, int]:
+        """With reuse_len > 0: the targets in the reuse block and in A and B, n_predict split in
+        proportion to their lengths (the reference splits it in half for its 256 of 512)."""
+        n0 = (self.n_predict * self.reuse_len + self.seq_len // 2) // self.seq_len
+        return n0, self.n_predict - n0
 
     @property
     def d_head(self) -> int:
@@ -308,11 +336,14 @@ class XLNet(nn.Module):
         nn.init.normal_(self.word_embedding.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor, *, perm_order=None, masks=None, target_mapping=None,
-                segments=None, mems=None, reuse_len: int | None = None) -> XLNetOutput:
+                segments=None, mems=None, reuse_len: int | None = None,
+                reverse=None) -> XLNetOutput:
         """tokens [B, T]; a factorisation order perm_order [B, T] or masks (content, query)
         bool [B, T, T] (default: the identity order); target_mapping: positions [B, P] or
         one-hot [B, P, T] (default: all T); segments [B, T] ids; mems from a previous call.
-        The new mems hold the first reuse_len positions (default all), at most mem_len."""
+        The new mems hold the first reuse_len positions (default all), at most mem_len.
+        reverse, bool [B]: the rows that read their text backwards, whose distances are
+        negated (bi_data, section 5.6)."""
         c = self.config
         B, T = tokens.shape
         M = 0 if mems is None else mems[0].size(1)
@@ -336,6 +367,8 @@ class XLNet(nn.Module):
         dist = bidirectional_distances(T, M + T, device=tokens.device)
         if c.clamp_len > 0:
             dist = dist.clamp(-c.clamp_len, c.clamp_len)
+        if reverse is not None:  # a table per row: [B, M + 2T - 1]
+            dist = torch.where(reverse.reshape(B, 1), -dist, dist)
         pos_emb = self.drop(sinusoid(dist, c.d_model))
         h = self.drop(self.word_embedding(tokens))
         g = self.drop(self.mask_emb.expand(B, g_pos.size(1), -1))
@@ -402,7 +435,9 @@ class PermutationObjective(nn.Module):
     """The trainer's objective for XLNet: the input is its own target (the query stream at a
     position predicts the byte there); loss over the predicted positions only. With a memory
     (mem_len > 0) the state is the memory: every position of this segment reads the cached
-    content of the ones before (section 5.6), and the new memory is returned."""
+    content of the ones before (section 5.6), and the new memory is returned. With reuse_len
+    > 0 the input is the paper's [reuse block; A, SEP, B, SEP, CLS], and with bi_data y says
+    which rows read backwards (both from PretrainStreams, section 5.6)."""
 
     def __init__(self, kind: str = "permutation"):
         super().__init__()
@@ -411,12 +446,115 @@ class PermutationObjective(nn.Module):
         self.kind = kind
 
     def forward(self, model, x, y, state=None, progress: float = 0.0):
+        c = model.config
         B, T = x.shape
-        masks, targets = training_masks(B, T, model.config.n_predict, kind=self.kind,
-                                        device=x.device)
-        out = model(x, masks=masks, target_mapping=targets, mems=state)
+        segments = reverse = None
+        if c.reuse_len:  # the paper's pretraining input (section 5.6)
+            if self.kind != "permutation":
+                raise ValueError(f"reuse_len > 0 trains the permutation objective only, not "
+                                 f"{self.kind!r}")
+            masks, targets, segments = pretraining_masks(x, c.reuse_len, c.predict_split)
+        else:
+            masks, targets = training_masks(B, T, c.n_predict, kind=self.kind, device=x.device)
+        if c.bi_data:  # y holds each row's direction (PretrainStreams)
+            reverse = y[:, 0] < 0
+        out = model(x, masks=masks, target_mapping=targets, mems=state, segments=segments,
+                    reuse_len=c.reuse_len or None, reverse=reverse)
         loss = F.cross_entropy(out.logits.float().flatten(0, 1), x.gather(1, targets).flatten())
-        return {"loss": loss}, out.mems if model.config.mem_len else None
+        return {"loss": loss}, out.mems if c.mem_len else None
+
+
+# %% book/05_xlnet.md, section 5.6 Segments and memory, from Transformer-XL
+def pretraining_masks(x: torch.Tensor, reuse_len: int, split: tuple[int, int]):
+    """(content, query) masks [B, T, T], the predicted positions [B, n0 + n1] and the
+    segment ids [B, T] of pretraining inputs x [B, T] = [reuse block of reuse_len; A, SEP, B,
+    SEP, CLS]: n0 targets in the reuse block, n1 in A and B, SEP and CLS never predicted."""
+    B, T = x.shape
+    R, (n0, n1) = reuse_len, split
+    tail = x[:, R:]
+    is_sep = tail == SEP
+    if not torch.compiler.is_compiling() and not bool(
+            (x[:, :R] < SEP).all() and (is_sep.sum(-1) == 2).all() and (x[:, -1] == CLS).all()
+            and (x[:, -2] == SEP).all() and (tail[:, :-1] != CLS).all()):
+        raise ValueError(f"pretraining rows must be [reuse block of {R} bytes; A, SEP, B, SEP, "
+                         f"CLS] (PretrainStreams makes them); got another layout")
+    keys = torch.rand(B, T, device=x.device)
+    order0 = keys[:, :R].argsort(-1)
+    order1 = keys[:, R:].masked_fill(tail >= SEP, -1.0).argsort(-1)  # SEP, CLS: context
+    rank = torch.cat([order_ranks(order0, n0, validate=False),  # the reuse block first
+                      order_ranks(order1, n1, validate=False) + n0 + 1], dim=-1)
+    targets = torch.cat([order0[:, R - n0:], R + order1[:, T - R - n1:]], dim=-1)
+    after = is_sep.long().cumsum(-1) - is_sep.long()  # SEPs before each position of the tail
+    segments = F.pad(torch.where(tail == CLS, 2, after.clamp(max=1)), (R, 0))
+    return masks_from_ranks(rank), targets, segments
+
+
+class PretrainStreams:
+    """XLNet's pretraining batches (Yang et al. 2019, their data pipeline) over bytes:
+    batch(step) -> Batch(x, y, fresh). The text is cut into parallel streams, one per row
+    (half the rows with bi_data, the other half reading the same streams backwards). With
+    reuse_len > 0 a row is [reuse block; A, SEP, B, SEP, CLS]: the reuse block continues the
+    previous step's, A continues the reuse block, and B continues A or, by a coin flip, comes
+    from a random place of the text; with reuse_len = 0 a row is the next seq_len bytes of
+    its stream. y is not next bytes (the objective's targets are x itself): it holds each
+    row's direction, 1 forwards, -1 backwards. The draws depend only on (seed, step), so a
+    resumed run reads what an unbroken one would."""
+
+    def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int = 0,
+                 reuse_len: int = 0, bi_data: bool = False):
+        if bi_data and batch_size % 2:
+            raise ValueError(f"bi_data reads each stream both ways: the batch size must be "
+                             f"even, got {batch_size}")
+        if reuse_len and seq_len - reuse_len - 3 < 2:
+            raise ValueError(f"seq_len={seq_len} with reuse_len={reuse_len} leaves no room "
+                             "for A, SEP, B, SEP, CLS")
+        rows = batch_size // 2 if bi_data else batch_size
+        n = len(data) // rows
+        step = reuse_len or seq_len  # how far a row moves along its stream per step
+        self.n_segments = (n - seq_len) // step + 1 if n >= seq_len else 0
+        if self.n_segments < 1:
+            raise ValueError(f"{len(data):,} bytes are too few for {rows} streams of at least "
+                             f"{seq_len} bytes; use more text, a smaller batch or shorter "
+                             "sequences")
+        streams = data[: n * rows].reshape(rows, n)
+        self.streams = torch.cat([streams, streams.flip(-1)]) if bi_data else streams
+        self.data, self.seq_len, self.reuse_len, self.seed = data, seq_len, reuse_len, seed
+        self.direction = torch.ones(batch_size, dtype=torch.long, device=data.device)
+        self.direction[rows:] = -1 if bi_data else 1
+
+    def __call__(self, step: int) -> Batch:
+        segment = step % self.n_segments
+        R, T, B = self.reuse_len, self.seq_len, self.streams.size(0)
+        y = self.direction[:, None].expand(B, T)
+        if not R:
+            x = self.streams[:, segment * T:(segment + 1) * T].long()
+            return Batch(x, y, segment == 0)
+        free = T - R - 3
+        gen = torch.Generator().manual_seed(step_seed(self.seed, step))
+        a_len = torch.randint(1, free, (B, 1), generator=gen)  # A and B get at least 1 byte
+        other = torch.rand(B, 1, generator=gen) < 0.5  # B from a random place of the text
+        start = torch.randint(len(self.data) - free + 1, (B, 1), generator=gen)
+        a_len, other, start = (t.to(self.data.device) for t in (a_len, other, start))
+        j = torch.arange(free, device=self.data.device)
+        near = self.streams[:, segment * R:segment * R + R + free]  # reuse block, A, B
+        far = self.data[start + torch.where(self.direction[:, None] > 0, j, free - 1 - j)]
+        body = torch.where(other & (j >= a_len), far, near[:, R:])  # A then B, [B, free]
+        k = torch.arange(free + 2, device=self.data.device)
+        tail = body.gather(1, (k - (k > a_len).long()).clamp(max=free - 1))
+        tail = torch.where(k == a_len, SEP, torch.where(k == free + 1, SEP, tail.long()))
+        x = torch.cat([near[:, :R].long(), tail, torch.full((B, 1), CLS, device=tail.device)], 1)
+        return Batch(x, y, segment == 0)
+
+
+def xlnet_batches(data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int, config):
+    """The xlnet kind's batch source: PretrainStreams with reuse_len > 0 or bi_data; else
+    ordered streams with a memory, random windows without."""
+    if config.reuse_len or config.bi_data:
+        return PretrainStreams(data, batch_size, seq_len, seed=seed, reuse_len=config.reuse_len,
+                               bi_data=config.bi_data)
+    if config.mem_len:
+        return OrderedStreams(data, batch_size, seq_len)
+    return RandomWindows(data, batch_size, seq_len, seed=seed)
 
 
 # %% book/05_xlnet.md, section 5.7 The reference implementation

@@ -48,10 +48,10 @@ TRAIN = ["--batch-size", "4", "--eval-every", "4", "--eval-bytes", "2048", "--ck
 # signal at a step known in advance, so that a test never depends on how fast a run goes.
 SIGNAL_AT = """
 import os, signal, sys
-from minixl import data
+from minixl import data, xlnet
 from minixl.cli import main
 step, signals = int(sys.argv[1]), [getattr(signal, s) for s in sys.argv[2].split(",")]
-for cls in (data.RandomWindows, data.OrderedStreams):
+for cls in (data.RandomWindows, data.OrderedStreams, xlnet.PretrainStreams):
     def call(self, i, real=cls.__call__):
         if i == step:
             for s in signals:

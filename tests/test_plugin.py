@@ -74,7 +74,7 @@ LAST_BYTE = Protocol("last-byte", _last_byte, "the last position of each window"
 ASKED = []  # the steps the batch source below was asked for
 
 
-def _recorded_windows(data, batch_size, length, *, seed):
+def _recorded_windows(data, batch_size, length, *, seed, config):
     from minixl.data import RandomWindows
 
     windows = RandomWindows(data, batch_size, length, seed=seed)

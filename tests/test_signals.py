@@ -237,20 +237,22 @@ def _interrupt(argv, metrics: Path, rows: int, signum) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,signum", [("char", signal.SIGINT), ("shaw", signal.SIGTERM),
-                                         ("xl", signal.SIGINT), ("xl", signal.SIGTERM),
-                                         ("xlnet", signal.SIGTERM)],
-                         ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM",
-                              "xlnet-with-memory-SIGTERM"])
-def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small_corpus):
+@pytest.mark.parametrize("kind,signum,extra", [
+    ("char", signal.SIGINT, ()), ("shaw", signal.SIGTERM, ()), ("xl", signal.SIGINT, ()),
+    ("xl", signal.SIGTERM, ()), ("xlnet", signal.SIGTERM, ()),
+    ("xlnet", signal.SIGINT, ("--reuse-len", "16", "--bi-data"))],
+    ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM", "xlnet-with-memory-SIGTERM",
+         "xlnet-pretraining-input-bi-data-SIGINT"])
+def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, extra, tmp_path,
+                                                    small_corpus):
     """A user's Ctrl-C (or a scheduler's SIGTERM) at a random moment of `minixl train`: the
     run stops after the step it was in, with a checkpoint of that step. Resumed and stopped
     five steps later, it holds bit-exactly what a run never stopped holds after as many steps
     (that one stopped by a signal it sends itself at the step, known in advance)."""
     part = tmp_path / "part"
     after = random.Random(f"{kind}-{signum.name}").randint(1, 30)
-    code, err = _interrupt(_cli(kind, part, small_corpus, LONG), part / "metrics.csv", after,
-                           signum)
+    code, err = _interrupt(_cli(kind, part, small_corpus, LONG, *extra), part / "metrics.csv",
+                           after, signum)
     assert code == 128 + signum, err
     assert "Traceback" not in err, err
     stopped = load_checkpoint(part / "checkpoint.pt")["step"]
@@ -262,8 +264,9 @@ def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, tmp_path, small
     assert _steps_logged(part) == list(range(1, stopped + 1))
 
     end, whole = stopped + 5, tmp_path / "whole"
-    _run(signalled_at(end - 1, "SIGINT", _cli(kind, part, small_corpus, LONG, "--resume")), 130)
-    _run(signalled_at(end - 1, "SIGINT", _cli(kind, whole, small_corpus, LONG)), 130)
+    _run(signalled_at(end - 1, "SIGINT", _cli(kind, part, small_corpus, LONG, *extra,
+                                              "--resume")), 130)
+    _run(signalled_at(end - 1, "SIGINT", _cli(kind, whole, small_corpus, LONG, *extra)), 130)
     _assert_same_checkpoint(part / "checkpoint.pt", whole / "checkpoint.pt")
     assert _steps_logged(part) == _steps_logged(whole) == list(range(1, end + 1))
     assert not list(part.glob("*.part"))

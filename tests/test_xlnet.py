@@ -450,6 +450,24 @@ def test_short_memory_differs_from_one_pass():
     assert (two.logits - full.logits[:, T:]).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("wrong", ["reversed", "another text"])
+def test_a_wrong_memory_differs_from_one_pass(wrong):
+    """Chapter 5.6's negative control: the right cache in the wrong order, or the cache of
+    another text, must not pass the memory check against one pass over both segments."""
+    T = 6
+    model = tiny_model(mem_len=T, seq_len=T, n_predict=3)
+    gen = torch.Generator().manual_seed(9)
+    x, other = torch.randint(0, 256, (1, 2 * T), generator=gen), torch.randint(0, 256, (1, T),
+                                                                            generator=gen)
+    with torch.no_grad():
+        mems = model(x[:, :T]).mems if wrong == "reversed" else model(other).mems
+        if wrong == "reversed":
+            mems = [m.flip(1) for m in mems]
+        two = model(x[:, T:], mems=mems)
+        full = model(x)
+    assert (two.logits - full.logits[:, T:]).abs().max() > 1e-3
+
+
 def test_reuse_len_caches_only_the_first_positions():
     """The new memory holds [old memory; h[:, :reuse_len]] cut to the last mem_len, detached:
     the cached states are the inputs of each layer (the embeddings for layer 0)."""
@@ -892,7 +910,10 @@ def test_the_objective_carries_the_memory_from_segment_to_segment():
 
 
 def test_xlnet_reads_ordered_streams_only_with_a_memory():
+    """Random windows without a memory, ordered streams with one, and the paper's
+    pretraining streams (PretrainStreams) with reuse_len or bi_data."""
     from minixl.data import OrderedStreams, RandomWindows
+    from minixl.xlnet import PretrainStreams
     from minixl.models import KINDS
 
     data = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(0)).byte()
@@ -901,6 +922,202 @@ def test_xlnet_reads_ordered_streams_only_with_a_memory():
         config = kind.config(**{**TINY_CONFIGS["xlnet"], "mem_len": mem_len})
         assert kind.reads_streams(config) == (mem_len > 0)
         assert isinstance(kind.batches(data, 4, config, seed=0), source)
+    for changes in (dict(reuse_len=12), dict(bi_data=True), dict(mem_len=0, bi_data=True)):
+        config = kind.config(**{**TINY_CONFIGS["xlnet"], **changes})
+        assert isinstance(kind.batches(data, 4, config, seed=0), PretrainStreams), changes
     with pytest.raises(ValueError, match="streams must be True, False or a function of the "
                                          "model's config, got 'yes'"):
         dataclasses.replace(kind, name="odd", streams="yes")
+
+
+# ---------------------------------------------------------------- the paper's pretraining input
+
+def _pretraining_batch(steps=1, *, batch_size=4, seq_len=32, reuse_len=12, bi_data=False,
+                       seed=0, n=5000):
+    from minixl.xlnet import PretrainStreams
+
+    data = torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(3)).byte()
+    source = PretrainStreams(data, batch_size, seq_len, seed=seed, reuse_len=reuse_len,
+                             bi_data=bi_data)
+    return data, source, [source(s) for s in range(steps)]
+
+
+def _occurs_in(piece: torch.Tensor, data: torch.Tensor) -> bool:
+    """Whether the bytes of piece [n] occur one after another somewhere in data."""
+    return bool((data.long().unfold(0, len(piece), 1) == piece).all(-1).any())
+
+
+def test_pretraining_masks_follow_the_references_two_parts():
+    """[reuse block; A, SEP, B, SEP, CLS]: the reuse block is permuted on its own and reads
+    nothing of A and B (so its content can be cached); A and B read all of the reuse block;
+    n0 targets in the reuse block, n1 in A and B, never SEP or CLS; segment ids 0 (reuse
+    block, A, first SEP), 1 (B, second SEP), 2 (CLS); the query stream never sees its own
+    position. A layout that is not this one is refused."""
+    from minixl.xlnet import pretraining_masks
+
+    R, T = 12, 32
+    _, _, [batch] = _pretraining_batch(reuse_len=R, seq_len=T)
+    x = batch.x
+    n0, n1 = XLNetConfig(seq_len=T, n_predict=8, reuse_len=R).predict_split
+    assert (n0, n1) == (3, 5)  # in proportion to 12 and 20 of 32
+    torch.manual_seed(0)
+    (content, query), targets, segments = pretraining_masks(x, R, (n0, n1))
+    assert targets.shape == (4, n0 + n1)
+    assert (targets[:, :n0] < R).all() and (targets[:, n0:] >= R).all()
+    assert all(len(set(row)) == n0 + n1 for row in targets.tolist())
+    assert (x.gather(1, targets) < SEP).all()  # SEP and CLS are context, never predicted
+    assert not content[:, :R, R:].any() and not query[:, :R, R:].any()
+    assert content[:, R:, :R].all()
+    assert not query.diagonal(dim1=1, dim2=2).any() and content.diagonal(dim1=1, dim2=2).all()
+    # every target of A and B reads the SEPs and the CLS
+    specials = x >= SEP
+    for b in range(4):
+        for t in targets[b, n0:].tolist():
+            assert query[b, t, specials[b]].all()
+    for b in range(4):
+        tail = x[b, R:].tolist()
+        first, second = [R + i for i, v in enumerate(tail) if v == SEP]
+        expected = [0] * (first + 1) + [1] * (second - first) + [2]
+        assert segments[b].tolist() == expected
+    with pytest.raises(ValueError, match=r"\[reuse block of 12 bytes; A, SEP, B, SEP, CLS\]"):
+        pretraining_masks(torch.randint(0, 256, (4, T)), R, (n0, n1))
+
+
+def test_pretrain_streams_continue_the_reuse_block_and_draw_b_by_a_coin():
+    """Each row's reuse block continues the previous step's (the memory is the text just
+    before it); A continues the reuse block; B continues A or is a piece of the text from
+    elsewhere, about half of each; the same (seed, step) gives the same batch; fresh only at
+    the first segment of the streams."""
+    R, T = 12, 32
+    data, source, batches = _pretraining_batch(60, reuse_len=R, seq_len=T)
+    streams = source.streams
+    continues = 0
+    for step, batch in enumerate(batches):
+        seg = step % source.n_segments
+        assert batch.fresh == (seg == 0)
+        assert torch.equal(batch.x[:, :R], streams[:, seg * R:(seg + 1) * R].long())
+        assert (batch.x[:, -1] == CLS).all() and (batch.y == 1).all()
+        for b in range(4):
+            row, at = batch.x[b], streams[b, (seg + 1) * R:].long()
+            first, second = (row[R:] == SEP).nonzero().flatten().tolist()
+            a, rest = row[R:R + first], row[R + first + 1:R + second]
+            assert len(a) >= 1 and len(rest) >= 1 and len(a) + len(rest) == T - R - 3
+            assert torch.equal(a, at[:len(a)])
+            if torch.equal(rest, at[len(a):len(a) + len(rest)]):
+                continues += 1
+            else:
+                assert _occurs_in(rest, data), "B is neither A's continuation nor the text's"
+    assert 0.35 < continues / (4 * len(batches)) < 0.65
+    again = _pretraining_batch(60, reuse_len=R, seq_len=T)[2]
+    assert all(torch.equal(p.x, q.x) for p, q in zip(batches, again))
+    other = _pretraining_batch(60, reuse_len=R, seq_len=T, seed=1)[2]
+    assert not all(torch.equal(p.x, q.x) for p, q in zip(batches, other))
+
+
+def test_bi_data_reads_the_same_streams_backwards():
+    """bi_data: the second half of the batch holds the first half's streams reversed, with
+    y = -1 (the direction the objective reads); an odd batch is refused; without reuse_len
+    a row is the next seq_len bytes of its stream."""
+    from minixl.xlnet import PretrainStreams
+
+    data, source, [batch] = _pretraining_batch(batch_size=4, reuse_len=0, seq_len=16,
+                                               bi_data=True)
+    assert (batch.y[:2] == 1).all() and (batch.y[2:] == -1).all()
+    assert torch.equal(source.streams[2:], source.streams[:2].flip(-1))
+    n = len(data) // 2
+    assert torch.equal(batch.x[0], data[:16].long()) and torch.equal(batch.x[1], data[n:n + 16])
+    assert torch.equal(batch.x[2], data[:n].flip(0)[:16].long())
+    _, _, [paired] = _pretraining_batch(reuse_len=12, seq_len=32, bi_data=True)
+    for b in (2, 3):  # a backward row's B, when drawn from elsewhere, is read backwards too
+        first, second = (paired.x[b, 12:] == SEP).nonzero().flatten().tolist()
+        rest = paired.x[b, 12 + first + 1:12 + second]
+        assert _occurs_in(rest.flip(0), data)
+    with pytest.raises(ValueError, match="the batch size must be even, got 3"):
+        PretrainStreams(data, 3, 16, bi_data=True)
+
+
+def test_a_backward_row_computes_the_mirror_of_the_forward_one():
+    """With its distances negated (reverse=True), the text read backwards under the mirrored
+    factorisation order gives the forward reading's predictions exactly; without negating
+    them it does not (the check can fail)."""
+    model = tiny_model(seed=4)
+    T = 16
+    x = torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(8))
+    order = torch.stack([torch.randperm(T, generator=torch.Generator().manual_seed(s))
+                         for s in (1, 2)])
+    content, query = permutation_masks(order, n_predict=5)
+    targets = order[:, -5:]
+    forward = model(x, masks=(content, query), target_mapping=targets).logits
+    flip = lambda m: m.flip(-1).flip(-2)  # noqa: E731 (position i <-> T - 1 - i)
+    args = dict(masks=(flip(content), flip(query)), target_mapping=T - 1 - targets)
+    backward = model(x.flip(-1), **args, reverse=torch.tensor([True, True])).logits
+    assert torch.allclose(forward, backward, atol=1e-5)
+    unreversed = model(x.flip(-1), **args).logits
+    assert not torch.allclose(forward, unreversed, atol=1e-3)
+    # one row forwards, one backwards in one batch: each row reads its own distance table
+    mixed = model(torch.stack([x[0], x[1].flip(-1)]),
+                  masks=(torch.stack([content[0], flip(content[1])]),
+                         torch.stack([query[0], flip(query[1])])),
+                  target_mapping=torch.stack([targets[0], T - 1 - targets[1]]),
+                  reverse=torch.tensor([False, True])).logits
+    assert torch.allclose(mixed, forward, atol=1e-5)  # one table per row
+
+
+def test_the_reuse_block_alone_is_cached_and_reads_nothing_after_it():
+    """The memory of a pretraining input is the reuse block's content, which equals the
+    content of the reuse block fed alone: changing A and B changes the predictions in A and
+    B, never the memory."""
+    from minixl.xlnet import pretraining_masks
+
+    R, T = 12, 32
+    model = tiny_model(seed=2, seq_len=T, n_predict=8, mem_len=R, reuse_len=R)
+    _, _, [batch] = _pretraining_batch(reuse_len=R, seq_len=T)
+    x = batch.x
+    torch.manual_seed(0)
+    masks, targets, segments = pretraining_masks(x, R, model.config.predict_split)
+    whole = model(x, masks=masks, target_mapping=targets, segments=segments, reuse_len=R)
+    alone = model(x[:, :R], masks=(masks[0][:, :R, :R], masks[1][:, :R, :R]),
+                  target_mapping=targets[:, :3], segments=segments[:, :R])
+    assert [tuple(m.shape) for m in whole.mems] == [(4, R, 32)] * 2
+    for m, a in zip(whole.mems, alone.mems):
+        assert torch.allclose(m, a, atol=1e-5)
+    y = x.clone()
+    y[:, R:][y[:, R:] < SEP] = (y[:, R:][y[:, R:] < SEP] + 1) % 256  # other A and B bytes
+    changed = model(y, masks=masks, target_mapping=targets, segments=segments, reuse_len=R)
+    assert all(torch.equal(m, c) for m, c in zip(whole.mems, changed.mems))
+    assert not torch.allclose(whole.logits[:, 3:], changed.logits[:, 3:])
+
+
+def test_the_objective_trains_on_the_pretraining_input_with_its_memory():
+    """PermutationObjective with reuse_len > 0: the loss is the model's on
+    pretraining_masks' targets (same draw), the state is the memory of the reuse block, and
+    bi_data rows (y = -1) are read with negated distances."""
+    from minixl.xlnet import pretraining_masks
+
+    R, T = 12, 32
+    model = tiny_model(seed=1, seq_len=T, n_predict=8, mem_len=16, reuse_len=R, bi_data=True)
+    _, _, batches = _pretraining_batch(2, reuse_len=R, seq_len=T, bi_data=True)
+    objective = PermutationObjective()
+    _, memory = objective(model, batches[0].x, batches[0].y)
+    assert [tuple(m.shape) for m in memory] == [(4, R, 32)] * 2
+    torch.manual_seed(7)
+    loss, new = objective(model, batches[1].x, batches[1].y, memory)
+    torch.manual_seed(7)
+    masks, targets, segments = pretraining_masks(batches[1].x, R, model.config.predict_split)
+    out = model(batches[1].x, masks=masks, target_mapping=targets, segments=segments,
+                mems=memory, reuse_len=R, reverse=torch.tensor([False, False, True, True]))
+    expected = F.cross_entropy(out.logits.flatten(0, 1),
+                               batches[1].x.gather(1, targets).flatten())
+    assert torch.allclose(loss["loss"], expected)
+    assert [tuple(m.shape) for m in new] == [(4, 16, 32)] * 2 and not new[0].requires_grad
+    with pytest.raises(ValueError, match="reuse_len > 0 trains the permutation objective only"):
+        PermutationObjective("causal")(model, batches[0].x, batches[0].y)
+
+
+def test_pretraining_settings_that_cannot_work_are_refused():
+    with pytest.raises(ValueError, match="at most reuse_len=27"):
+        tiny(seq_len=32, reuse_len=28)
+    with pytest.raises(ValueError, match="needs SEP and CLS"):
+        tiny(seq_len=32, reuse_len=8, vocab_size=256)
+    with pytest.raises(ValueError, match="predict fewer"):
+        tiny(seq_len=32, reuse_len=24, n_predict=24)
