@@ -495,7 +495,7 @@ class PretrainStreams:
     (half the rows with bi_data, the other half reading the same streams backwards). With
     reuse_len > 0 a row is [reuse block; A, SEP, B, SEP, CLS]: the reuse block continues the
     previous step's, A continues the reuse block, and B continues A or, by a coin flip, comes
-    from a random place of the text; with reuse_len = 0 a row is the next seq_len bytes of
+    from a random place of the row's own stream; with reuse_len = 0 a row is the next seq_len bytes of
     its stream. y is not next bytes (the objective's targets are x itself): it holds each
     row's direction, 1 forwards, -1 backwards. The draws depend only on (seed, step), so a
     resumed run reads what an unbroken one would."""
@@ -532,12 +532,12 @@ class PretrainStreams:
         free = T - R - 3
         gen = torch.Generator().manual_seed(step_seed(self.seed, step))
         a_len = torch.randint(1, free, (B, 1), generator=gen)  # A and B get at least 1 byte
-        other = torch.rand(B, 1, generator=gen) < 0.5  # B from a random place of the text
-        start = torch.randint(len(self.data) - free + 1, (B, 1), generator=gen)
+        other = torch.rand(B, 1, generator=gen) < 0.5  # B from elsewhere in the stream
+        start = torch.randint(self.streams.size(1) - free + 1, (B, 1), generator=gen)
         a_len, other, start = (t.to(self.data.device) for t in (a_len, other, start))
         j = torch.arange(free, device=self.data.device)
         near = self.streams[:, segment * R:segment * R + R + free]  # reuse block, A, B
-        far = self.data[start + torch.where(self.direction[:, None] > 0, j, free - 1 - j)]
+        far = self.streams.gather(1, start + j)  # a random place of the row's own stream
         body = torch.where(other & (j >= a_len), far, near[:, R:])  # A then B, [B, free]
         k = torch.arange(free + 2, device=self.data.device)
         tail = body.gather(1, (k - (k > a_len).long()).clamp(max=free - 1))

@@ -40,6 +40,10 @@ TINY = {
     "hf-xl": (["--preset", "tiny", "--batch-size", "2", "--steps", "1", "--warmup", "0",
                "--rounds", "1", "--device", "cpu"],
               ["preset", "device", "torch", "transformers", "dtype"]),
+    "xlnet_memory": (["--seeds", "0", "--steps", "2", "--mem-len", "16", "--eval-bytes",
+                      "1024"],
+                     ["arm", "seed", "steps", "batches", "mem_len", "reuse_len", "bi_data",
+                      "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc"]),
     "segtree_cost": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
                 ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
     "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",
@@ -187,6 +191,18 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert all(0 < float(r["held_out_bpc"]) < 9 for r in rows)  # bits, not nats
     assert "minixl's time / nanoGPT's: median " in capsys.readouterr().out
 
+    rows = run("xlnet_memory")
+    assert [(r["arm"], r["mem_len"], r["reuse_len"], r["bi_data"]) for r in rows] == [
+        ("random windows", "0", "0", "False"),
+        ("ordered streams", "0", "0", "False"),
+        ("ordered streams + memory", "16", "0", "False"),
+        ("pretraining input + memory", "16", "32", "True")]
+    assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_windows", "bpc_memory",
+                                                             "bpc_infill"))
+    # --arms runs just those
+    rows = run("xlnet_memory", "--arms", "ordered streams + memory", "--steps", "1")
+    assert [r["arm"] for r in rows] == ["ordered streams + memory"]
+
     rows = run("xl_eval_speed")
     assert [r["A"] for r in rows] == ["8", "16"]
     assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
@@ -203,6 +219,8 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     (["segtree_cost", "--methods", "segtree,tree"], "unknown method(s) tree"),
     (["models", "--models", "nope"], "unknown model 'nope'"),
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
+    (["xlnet_memory", "--arms", "ordered streams,memory"], "unknown arm(s) memory: expected "
+                                                          "some of random windows, ordered"),
 ])
 def test_bad_options_are_one_clear_line_and_write_nothing(argv, message, tmp_path, capsys):
     path = tmp_path / "x.csv"

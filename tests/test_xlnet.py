@@ -968,6 +968,10 @@ def test_pretraining_masks_follow_the_references_two_parts():
     assert (x.gather(1, targets) < SEP).all()  # SEP and CLS are context, never predicted
     assert not content[:, :R, R:].any() and not query[:, :R, R:].any()
     assert content[:, R:, :R].all()
+    for b in range(4):  # the reuse block's context sees no target; every target sees it
+        context = [p for p in range(R) if p not in targets[b, :n0].tolist()]
+        assert not content[b, context][:, targets[b, :n0]].any()
+        assert query[b, targets[b, :n0]][:, context].all()
     assert not query.diagonal(dim1=1, dim2=2).any() and content.diagonal(dim1=1, dim2=2).all()
     # every target of A and B reads the SEPs and the CLS
     specials = x >= SEP
@@ -989,12 +993,13 @@ def test_pretrain_streams_continue_the_reuse_block_and_draw_b_by_a_coin():
     elsewhere, about half of each; the same (seed, step) gives the same batch; fresh only at
     the first segment of the streams."""
     R, T = 12, 32
-    data, source, batches = _pretraining_batch(60, reuse_len=R, seq_len=T)
+    data, source, batches = _pretraining_batch(110, reuse_len=R, seq_len=T)
     streams = source.streams
+    n_segments = (5000 // 4 - T) // R + 1  # 102: the last one ends at most at a row's end
+    assert [s for s, b in enumerate(batches) if b.fresh] == [0, n_segments]  # wraps around
     continues = 0
     for step, batch in enumerate(batches):
-        seg = step % source.n_segments
-        assert batch.fresh == (seg == 0)
+        seg = step % n_segments
         assert torch.equal(batch.x[:, :R], streams[:, seg * R:(seg + 1) * R].long())
         assert (batch.x[:, -1] == CLS).all() and (batch.y == 1).all()
         for b in range(4):
@@ -1005,12 +1010,12 @@ def test_pretrain_streams_continue_the_reuse_block_and_draw_b_by_a_coin():
             assert torch.equal(a, at[:len(a)])
             if torch.equal(rest, at[len(a):len(a) + len(rest)]):
                 continues += 1
-            else:
-                assert _occurs_in(rest, data), "B is neither A's continuation nor the text's"
+            else:  # from elsewhere in the row's own stream
+                assert _occurs_in(rest, streams[b]), "B: not A's continuation, not its stream's"
     assert 0.35 < continues / (4 * len(batches)) < 0.65
-    again = _pretraining_batch(60, reuse_len=R, seq_len=T)[2]
+    again = _pretraining_batch(110, reuse_len=R, seq_len=T)[2]
     assert all(torch.equal(p.x, q.x) for p, q in zip(batches, again))
-    other = _pretraining_batch(60, reuse_len=R, seq_len=T, seed=1)[2]
+    other = _pretraining_batch(110, reuse_len=R, seq_len=T, seed=1)[2]
     assert not all(torch.equal(p.x, q.x) for p, q in zip(batches, other))
 
 
@@ -1027,11 +1032,17 @@ def test_bi_data_reads_the_same_streams_backwards():
     n = len(data) // 2
     assert torch.equal(batch.x[0], data[:16].long()) and torch.equal(batch.x[1], data[n:n + 16])
     assert torch.equal(batch.x[2], data[:n].flip(0)[:16].long())
-    _, _, [paired] = _pretraining_batch(reuse_len=12, seq_len=32, bi_data=True)
-    for b in (2, 3):  # a backward row's B, when drawn from elsewhere, is read backwards too
-        first, second = (paired.x[b, 12:] == SEP).nonzero().flatten().tolist()
-        rest = paired.x[b, 12 + first + 1:12 + second]
-        assert _occurs_in(rest.flip(0), data)
+    _, paired, batches = _pretraining_batch(8, reuse_len=12, seq_len=32, bi_data=True)
+    far = 0
+    for step, batch in enumerate(batches):  # a backward row's B, drawn from elsewhere, is
+        for b in (2, 3):  # a piece of the reversed stream: the text read backwards
+            first, second = (batch.x[b, 12:] == SEP).nonzero().flatten().tolist()
+            rest = batch.x[b, 12 + first + 1:12 + second]
+            after_a = paired.streams[b, 12 * (step + 1) + first:].long()
+            if len(rest) > 3 and not torch.equal(rest, after_a[:len(rest)]):
+                far += 1
+                assert _occurs_in(rest.flip(0), data) and _occurs_in(rest, paired.streams[b])
+    assert far >= 2  # (the coin gave some: the check above ran)
     with pytest.raises(ValueError, match="the batch size must be even, got 3"):
         PretrainStreams(data, 3, 16, bi_data=True)
 

@@ -266,6 +266,20 @@ register(Experiment(
      "hf_tokens_per_s", "ratio")))
 
 register(Experiment(
+    "xlnet_memory", "minixl.experiments.xlnet:xlnet_memory", "book/xlnet_memory.csv",
+    "Chapter 5.6: XLNet with and without its memory across segments (random windows, ordered "
+    "streams, the paper's pretraining input), held-out bpc of three readings per arm and seed",
+    (_SEEDS, Option("steps", int, 500, "optimiser steps per run (section 5.8: 500)"),
+     Option("mem_len", int, 64, "the memory of the arms that have one, and of the memory "
+            "reading for every arm"),
+     Option("arms", str, None, "comma-separated arms: random windows, ordered streams, "
+            "ordered streams + memory, pretraining input + memory (default: all four)"),
+     Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
+     _THREADS),
+    ("arm", "seed", "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc",
+     "train_seconds")))
+
+register(Experiment(
     "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
     "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
     "written out) against n, interleaved rounds in one process, peak memory per point in "
