@@ -50,7 +50,8 @@ TINY = {
                          "16", "--shaw-windows", "16", "--eval-bytes", "256"],
                         ["arm", "window", "seed", "steps", "batch_size", "params", "valid_bpc"]),
     "segtree_reach": (["--window", "64", "--filler", "20", "--dense-window", "16", "--steps",
-                       "2", "--question-steps", "2", "--batch-size", "2"],
+                       "2", "--question-steps", "2", "--batch-size", "2", "--question-seeds",
+                       "0"],
                       ["task", "arm", "window", "seed", "steps", "distance", "accuracy",
                        "accuracy_near", "accuracy_far", "bits", "cases"]),
 }
@@ -175,13 +176,23 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert [int(r["window"]) for r in rows] == [16]  # post-norm only at --post-windows
 
     rows = run("segtree_reach")
-    assert [(r["task"], r["arm"]) for r in rows] == [
-        ("flag question", "segtree"), ("flag question", "segtree, 1 layer"),
-        ("flag question", "dense, window 16"), ("flag question", "dense, window 64"),
+    bands = ["1-2", "3-4", "5-8", "9-16", "17-32", "33-63"]
+    question = [(a, d) for a in ("segtree", "segtree, 1 layer", "dense, window 16",
+                                 "dense, window 64") for d in ["1-63", *bands]]
+    assert [(r["arm"], r["distance"]) for r in rows[:28]] == question
+    assert [r["task"] for r in rows[:28]] == (["flag question"] + ["flag question by "
+                                                                   "distance"] * 6) * 4
+    assert [(r["task"], r["arm"]) for r in rows[28:]] == [
         ("recall", "segtree"), ("recall", "dense, window 16"), ("recall", "dense, window 64")]
     assert all(0 <= float(r["accuracy"]) <= 1 and int(r["cases"]) > 0 for r in rows)
-    assert all(r["distance"] == "28" and float(r["bits"]) > 0 for r in rows[4:])
-    assert all(r["bits"] == "" and 0 <= float(r["accuracy_far"]) <= 1 for r in rows[:4])
+    assert all(float(r["bits"]) > 0 for r in rows)
+    assert all(r["distance"] == "28" for r in rows[28:])
+    assert all(0 <= float(r["accuracy_far"]) <= 1 for r in rows[:28:7])
+    for whole in range(0, 28, 7):  # the bands split the 2,048 questions: their cases add up,
+        parts = rows[whole + 1:whole + 7]  # and so do the right answers
+        assert sum(int(r["cases"]) for r in parts) == int(rows[whole]["cases"]) == 2048
+        right = sum(float(r["accuracy"]) * int(r["cases"]) for r in parts)
+        assert abs(right - float(rows[whole]["accuracy"]) * 2048) < 1e-3
 
     rows = run("nanogpt_race")
     assert [(r["program"], r["round"]) for r in rows] == [

@@ -321,6 +321,8 @@ register(Experiment(
      Option("batch_size", int, 8, "windows of `window` bytes per step (the short model gets "
             "as many bytes in shorter windows)"),
      Option("lr", float, 3e-3, "peak learning rate"),
-     Option("seeds", str, "0", "comma-separated seeds"), _THREADS),
-    ("task", "arm", "window", "distance", "accuracy", "accuracy_near", "accuracy_far",
+     Option("seeds", str, "0", "comma-separated seeds of the recall runs"),
+     Option("question_seeds", str, "0,1,2", "comma-separated seeds of the flag-question runs"),
+     _THREADS),
+    ("task", "arm", "window", "seed", "distance", "accuracy", "accuracy_near", "accuracy_far",
      "bits")))

@@ -246,9 +246,14 @@ def _reach_row(**values) -> dict:
     return {c: values.get(c) for c in REACH_COLUMNS}
 
 
+QUESTION_BINS = ((1, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 63))  # distances, inclusive
+
+
 def _question_rows(arms: dict, steps: int, seed: int, n: int = 64) -> list[dict]:
     """Train each arm to answer the flag question from the last position only (the loss is
-    the answer's), then its accuracy on 2,048 held-out questions, by the flag's distance."""
+    the answer's), then its accuracy on 2,048 held-out questions: one row over every
+    distance (with the flag 1-2 and more than 16 bytes back), and one row per band of
+    distances (QUESTION_BINS) with the accuracy and the bits the answer costs."""
     rows = []
     for name, (window, build) in arms.items():
         torch.manual_seed(seed)
@@ -265,18 +270,27 @@ def _question_rows(arms: dict, steps: int, seed: int, n: int = 64) -> list[dict]
         with torch.no_grad():
             logits = model.eval()(x[:, -window:])[:, -1]
         right = (torch.where(logits[:, ord("X")] > logits[:, ord("O")], ord("X"), ord("O")) == y)
+        bits = torch.nn.functional.cross_entropy(logits, y, reduction="none") / math.log(2)
         keep_row(rows, _reach_row(task="flag question", arm=name, window=window, seed=seed,
-                                  steps=steps, distance="1-63",
+                                  steps=steps, distance=f"1-{n - 1}",
                                   accuracy=right.float().mean().item(),
                                   accuracy_near=right[distance <= 2].float().mean().item(),
                                   accuracy_far=right[distance > 16].float().mean().item(),
-                                  cases=len(y)))
+                                  bits=bits.mean().item(), cases=len(y)))
+        for low, high in QUESTION_BINS:
+            band = (distance >= low) & (distance <= high)
+            keep_row(rows, _reach_row(task="flag question by distance", arm=name,
+                                      window=window, seed=seed, steps=steps,
+                                      distance=f"{low}-{high}",
+                                      accuracy=right[band].float().mean().item(),
+                                      bits=bits[band].mean().item(), cases=int(band.sum())))
     return rows
 
 
 def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
                   steps: int = 600, question_steps: int = 800, batch_size: int = 8,
-                  lr: float = 3e-3, seeds: str = "0", threads: int = 1) -> list[dict]:
+                  lr: float = 3e-3, seeds: str = "0", question_seeds: str = "0,1,2",
+                  threads: int = 1) -> list[dict]:
     """Reach through the tree's summaries, two tasks. The flag question: 63 bytes with one
     flag X or O, then '?', whose answer is the flag; trained on the answer alone. A causal
     leaf reads a flag more than 2 bytes back only through internal nodes: the SegTree model
@@ -287,7 +301,8 @@ def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
     reads at most 2 log2(window) + 3 nodes) against Chapter 1's dense model over
     dense_window bytes (each byte reads up to dense_window others, too few to reach the first
     copy when the distance is longer) and over `window` bytes (reaches it, at the dense
-    cost). Bits and accuracy on the second copy's letters, per arm and seed."""
+    cost). Bits and accuracy on the second copy's letters, per arm and seed (`seeds`); the
+    flag question runs once per seed of `question_seeds`."""
     from ..char_transformer import CharTransformer, CharTransformerConfig
     from ..data import RandomWindows
     from ..segtree import SegTreeConfig, SegTreeTransformer
@@ -310,7 +325,7 @@ def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
         return lambda: CharTransformer(CharTransformerConfig(**SMALL, block_size=w))
 
     rows = []
-    for seed in int_list(seeds, "seeds", 0):
+    for seed in int_list(question_seeds, "question_seeds", 0):
         rows += _question_rows({"segtree": (64, tree()), "segtree, 1 layer": (64, tree(n_layer=1)),
                                 "dense, window 16": (16, dense(16)),
                                 "dense, window 64": (64, dense(64))}, question_steps, seed)
