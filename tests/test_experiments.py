@@ -44,6 +44,10 @@ TINY = {
                       "1024"],
                      ["arm", "seed", "steps", "batches", "mem_len", "reuse_len", "bi_data",
                       "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc"]),
+    "xlnet_k_cost": (["--ks", "1,4", "--rounds", "2", "--steps", "1", "--batch-size", "2"],
+                     ["K", "n_predict", "batch_size", "seq_len", "device", "threads", "rounds",
+                      "steps", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio",
+                      "gflops", "content_gflops", "query_gflops", "flops_ratio"]),
     "segtree_cost": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
                 ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
     "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",
@@ -214,6 +218,18 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     rows = run("xlnet_memory", "--arms", "ordered streams + memory", "--steps", "1")
     assert [r["arm"] for r in rows] == ["ordered streams + memory"]
 
+    rows = run("xlnet_k_cost")
+    assert [(r["K"], r["n_predict"]) for r in rows] == [("1", "64"), ("4", "16")]
+    for r in rows:  # the two streams add up; the content stream is the same for every K
+        assert abs(float(r["content_gflops"]) + float(r["query_gflops"]) - float(r["gflops"])) \
+            < 2e-4
+        assert 0 < float(r["fastest_ms"]) <= float(r["median_ms"])
+    assert rows[0]["content_gflops"] == rows[1]["content_gflops"]
+    assert float(rows[1]["query_gflops"]) * 4 == pytest.approx(float(rows[0]["query_gflops"]),
+                                                               rel=1e-3)
+    assert float(rows[0]["fastest_ratio"]) == float(rows[0]["flops_ratio"]) == 1.0
+    assert float(rows[1]["flops_ratio"]) < 1.0
+
     rows = run("xl_eval_speed")
     assert [r["A"] for r in rows] == ["8", "16"]
     assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
@@ -225,6 +241,7 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     (["depth", "--depths", "1", "--norms", "mid"], "--norms takes 'pre', 'post' or 'pre,post'"),
     (["positions", "--depths", "0"], "--depths needs at least one integer"),
     (["xl_eval_speed", "--lengths", "2"], "every length >= tgt_len"),
+    (["xlnet_k_cost", "--ks", "1,100"], "every K must be between 1 and seq_len 64"),
     (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
     (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
     (["segtree_cost", "--methods", "segtree,tree"], "unknown method(s) tree"),

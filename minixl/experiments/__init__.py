@@ -280,6 +280,18 @@ register(Experiment(
      "train_seconds")))
 
 register(Experiment(
+    "xlnet_k_cost", "minixl.experiments.xlnet:xlnet_k_cost", "book/xlnet_k_cost.csv",
+    "Chapter 5.5: a training step's time against K in interleaved rounds (fastest and "
+    "median), beside its FLOPs split into the content and the query stream",
+    (Option("ks", str, "1,2,4,6,8", "comma-separated K (n_predict = 64 // K)"),
+     Option("rounds", int, 11, "interleaved rounds (every K once per round)"),
+     Option("steps", int, 10, "timed steps of each K per round"),
+     Option("batch_size", int, 16, "sequences of 64 bytes per step"), _THREADS,
+     _CUDA_DEVICE),
+    ("K", "n_predict", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio", "gflops",
+     "content_gflops", "query_gflops", "flops_ratio")))
+
+register(Experiment(
     "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
     "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
     "written out) against n, interleaved rounds in one process, peak memory per point in "

@@ -92,3 +92,84 @@ def _source(kind, text, config, seed: int, batches: str):
     if batches == "ordered streams" and not config.mem_len:
         return OrderedStreams(text, 16, config.seq_len)
     return kind.batches(text, 16, config, seed=seed)
+
+
+def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch_size: int = 16,
+                 threads: int = 1, device: str = "cpu") -> list[dict]:
+    """Chapter 5.5: the cost of a training step against K (n_predict = seq_len // K) for the
+    chapter's model (2 layers of width 64, sequences of 64), in interleaved rounds: each
+    round times `steps` steps of every K once, in an order rotated from round to round, so
+    that a slow spell of the machine falls on all K alike. One row per K: the fastest and the
+    median round (seconds per step), each as a ratio to K = 1, beside the FLOPs of a step,
+    split into the content stream (all positions, whatever K) and the query stream (the
+    targets only), and their ratio to K = 1."""
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from ..models import KINDS
+    from ..xlnet import XLNetConfig, training_masks
+
+    k_list = int_list(ks, "ks", 1)
+    T = SMALL["seq_len"]
+    if any(k > T for k in k_list) or rounds < 1 or steps < 1:
+        raise ValueError(f"every K must be between 1 and seq_len {T} (n_predict = {T} // K; "
+                         f"got {ks}), and rounds and steps >= 1")
+    torch.set_num_threads(threads)
+    sizes = {k: v for k, v in SMALL.items() if k != "n_predict"}
+    runs = {}
+    for k in k_list:
+        torch.manual_seed(0)
+        model = KINDS["xlnet"].build(XLNetConfig(**sizes, n_predict=T // k)).to(device)
+        runs[k] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    x = torch.randint(0, 256, (batch_size, T), generator=torch.Generator().manual_seed(0))
+    x = x.to(device)
+
+    def one_step(k):
+        model, opt = runs[k]
+        masks, targets = training_masks(batch_size, T, T // k, device=device)
+        logits = model(x, masks=masks, target_mapping=targets).logits
+        F.cross_entropy(logits.flatten(0, 1), x.gather(1, targets).flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    def sync():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+
+    for k in k_list:  # warm up: allocations, first-call overheads
+        for _ in range(2):
+            one_step(k)
+    seconds = {k: [] for k in k_list}
+    for r in range(rounds):
+        order = k_list[r % len(k_list):] + k_list[:r % len(k_list)]
+        for k in order:
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                one_step(k)
+            sync()
+            seconds[k].append((time.perf_counter() - t0) / steps)
+    # FLOPs of a step: the kind's count (linear in the targets P), split at P = 0
+    flops = {k: KINDS["xlnet"].flops_per_token(runs[k][0]) * batch_size * T for k in k_list}
+    p = {k: T // k for k in k_list}
+    k_a, k_b = k_list[0], k_list[-1]
+    per_target = (flops[k_a] - flops[k_b]) / (p[k_a] - p[k_b]) if p[k_a] != p[k_b] else 0.0
+    content = flops[k_a] - per_target * p[k_a]
+    base = k_list[0]
+    fastest = {k: min(v) for k, v in seconds.items()}
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    rows = []
+    for k in k_list:
+        keep_row(rows, dict(
+            K=k, n_predict=p[k], batch_size=batch_size, seq_len=T, device=device,
+            threads=threads, rounds=rounds, steps=steps,
+            fastest_ms=round(1e3 * fastest[k], 3), median_ms=round(1e3 * median[k], 3),
+            fastest_ratio=round(fastest[k] / fastest[base], 3),
+            median_ratio=round(median[k] / median[base], 3),
+            gflops=round(flops[k] / 1e9, 4), content_gflops=round(content / 1e9, 4),
+            query_gflops=round(per_target * p[k] / 1e9, 4),
+            flops_ratio=round(flops[k] / flops[base], 3)))
+    return rows
