@@ -13,9 +13,9 @@ __all__ = [
     'bidirectional_distances', 'sinusoid', 'rel_shift_bi', 'rel_gather',
     'masked_softmax', 'TwoStreamAttention', 'two_stream_loop', 'FeedForward',
     'XLNetConfig', 'XLNetOutput', 'target_positions', 'XLNet', 'TRAINING_KINDS',
-    'training_masks', 'PermutationObjective', 'pretraining_masks', 'PretrainStreams',
-    'xlnet_batches', 'hf_state_dict', 'masks_from_hf', 'masks_to_hf', 'INFILL_READINGS',
-    'span_bits', 'evaluate_infill',
+    'MAX_SPAN', 'span_positions', 'training_masks', 'PermutationObjective',
+    'pretraining_masks', 'PretrainStreams', 'xlnet_batches', 'hf_state_dict',
+    'masks_from_hf', 'masks_to_hf', 'INFILL_READINGS', 'span_bits', 'evaluate_infill',
 ]
 
 # %% book/05_xlnet.md, section 5. XLNet: permutation language modelling and two-stream attention
@@ -410,7 +410,27 @@ class XLNet(nn.Module):
 
 
 # %% book/05_xlnet.md, section 5.5 Partial prediction and the full model
-TRAINING_KINDS = ("permutation", "independent", "causal")
+TRAINING_KINDS = ("permutation", "independent", "causal", "spans")
+MAX_SPAN = 5  # the longest span of the span-based targets
+
+
+def span_positions(T: int, n_predict: int, *, max_span: int = MAX_SPAN) -> torch.Tensor:
+    """n_predict positions of one sequence of T, sorted: spans of 1 to max_span consecutive
+    positions (lengths drawn uniformly, the last one cut to fit), at least one context
+    position between two spans, placed uniformly among the ways to do so."""
+    lengths = []
+    while sum(lengths) < n_predict:
+        lengths.append(int(torch.randint(1, max_span + 1, ())))
+    lengths[-1] -= sum(lengths) - n_predict
+    k = len(lengths)
+    room = T - n_predict - (k - 1)  # context left once each gap between spans has one
+    if room < 0:
+        raise ValueError(f"{n_predict} targets in {k} spans do not fit in {T} positions with "
+                         "context between them; predict fewer")
+    bars = torch.randperm(room + k)[:k].sort().values  # stars and bars: k spans among room
+    before = torch.tensor([0] + lengths[:-1]).cumsum(0)  # target bytes before each span
+    return torch.cat([b + s + torch.arange(n) for b, s, n in zip(bars.tolist(),
+                                                                   before.tolist(), lengths)])
 
 
 def training_masks(B: int, T: int, n_predict: int, *, kind: str = "permutation",
@@ -418,12 +438,19 @@ def training_masks(B: int, T: int, n_predict: int, *, kind: str = "permutation",
     """Masks [B, T, T] and the predicted positions [B, P] of one batch. 'permutation':
     XLNet, a random order whose last n_predict positions are predicted; 'independent':
     BERT's objective, n_predict random positions each predicted from the rest alone;
-    'causal': left to right, every position (n_predict is ignored)."""
+    'causal': left to right, every position (n_predict is ignored); 'spans': the paper's
+    span-based prediction, n_predict positions in spans of 1 to MAX_SPAN, predicted after
+    all the context in a random order."""
     if kind not in TRAINING_KINDS:
         raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(TRAINING_KINDS)}")
     if kind == "causal":
         rank = torch.arange(1, T + 1, device=device).expand(B, T)
         return masks_from_ranks(rank), torch.arange(T, device=device).expand(B, T)
+    if kind == "spans":
+        targets = torch.stack([span_positions(T, n_predict) for _ in range(B)]).to(device)
+        rank = torch.zeros(B, T, dtype=torch.long, device=device)  # context: rank 0
+        order = torch.rand(B, n_predict, device=device).argsort(-1) + 1  # among the targets
+        return masks_from_ranks(rank.scatter(1, targets, order)), targets
     order = torch.argsort(torch.rand(B, T, device=device), dim=-1)  # uniform random orders
     rank = order_ranks(order, n_predict, validate=False)  # argsort made a permutation
     if kind == "independent":

@@ -48,7 +48,8 @@ def test_every_checker_is_tested():
                                   "rel_shift", "permutation_masks", "query_stream_mask",
                                   "rel_shift_bi", "leaf_context", "bpt_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
-                                  "memory_update", "stream_batches", "xl_two_segments"}
+                                  "memory_update", "stream_batches", "xl_two_segments",
+                                  "span_targets"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -249,12 +250,29 @@ def student_rel_shift_bi(x, klen):  # a gather instead of the reference's pad an
     return x.gather(-1, col.expand(*x.shape[:-1], klen))
 
 
+def student_span_positions(T, n_predict):  # rejection sampling: spans anywhere, kept if apart
+    while True:
+        lengths = []
+        while sum(lengths) < n_predict:
+            lengths.append(int(torch.randint(1, 6, ())))
+        lengths[-1] -= sum(lengths) - n_predict
+        taken = torch.zeros(T + 1, dtype=torch.bool)
+        ok = True
+        for n in lengths:
+            start = int(torch.randint(0, T - n + 1, ()))
+            ok &= not bool(taken[max(start - 1, 0):start + n + 1].any())
+            taken[start:start + n] = True
+        if ok:
+            return taken[:T].nonzero().flatten()
+
+
 @pytest.mark.parametrize("name,reference", [
     ("permutation_masks", xlnet.permutation_masks),
     ("permutation_masks", student_permutation_masks),
     ("query_stream_mask", lambda order: xlnet.permutation_masks(order)[1]),
     ("query_stream_mask", lambda order: student_permutation_masks(order)[1]),
     ("rel_shift_bi", xlnet.rel_shift_bi), ("rel_shift_bi", student_rel_shift_bi),
+    ("span_targets", xlnet.span_positions), ("span_targets", student_span_positions),
 ])
 def test_chapter_five_checkers_pass_a_correct_implementation(name, reference, capsys):
     assert getattr(check, name)(reference) is True
@@ -697,3 +715,37 @@ def test_distance_weights_checker_names_each_slip(capsys):
     torch.testing.assert_close(minixl.shaw_attention(q, k, v, w_k, w_v, minixl.causal_mask(6)),
                                minixl.shaw_attention_loop(q, k, v, w_k, w_v,
                                                           minixl.causal_mask(6)))
+
+
+def test_span_targets_checker_names_the_slip(capsys):
+    def one_block(T, n):  # every target in one run from 0
+        return torch.arange(n)
+
+    def touching(T, n):  # spans of 1 to 5 but laid end to end: they merge into one long run
+        start = int(torch.randint(0, T - n + 1, ()))
+        return torch.arange(start, start + n)
+
+    def uncut(T, n):  # the last span is not cut to fit
+        lengths = []
+        while sum(lengths) < n:
+            lengths.append(5)
+        pos, at = [], int(torch.randint(0, 2, ()))
+        for k in lengths:
+            pos += list(range(at, at + k))
+            at += k + 1
+        return torch.tensor(pos)
+
+    def fixed(T, n):
+        return torch.arange(0, 2 * n, 2)[:n] + 1
+
+    def from_zero(T, n):  # random spans, but the first always at 0
+        pos = xlnet.span_positions(T, n)
+        return pos - pos[0]
+
+    fails_with(capsys, check.span_targets, one_block, "a run of 11 targets from position 0")
+    fails_with(capsys, check.span_targets, touching, "a run of 11 targets",
+               "context between them")
+    fails_with(capsys, check.span_targets, uncut, "positions, expected 11",
+               "The last span must be cut")
+    fails_with(capsys, check.span_targets, fixed, "every draw gave the same targets")
+    fails_with(capsys, check.span_targets, from_zero, "the first span always starts at 0")

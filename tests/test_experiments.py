@@ -48,6 +48,10 @@ TINY = {
                      ["K", "n_predict", "batch_size", "seq_len", "device", "threads", "rounds",
                       "steps", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio",
                       "gflops", "content_gflops", "query_gflops", "flops_ratio"]),
+    "xlnet_objectives": (["--seeds", "0", "--steps", "2", "--eval-bytes", "1024"],
+                         ["arm", "objective", "targets", "seed", "steps", "bpc_infill",
+                          "bpc_infill_independent", "bpc_infill_causal", "bpc_left_to_right",
+                          "last_train_bpc"]),
     "segtree_cost": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
                 ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
     "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",
@@ -230,6 +234,11 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert float(rows[0]["fastest_ratio"]) == float(rows[0]["flops_ratio"]) == 1.0
     assert float(rows[1]["flops_ratio"]) < 1.0
 
+    rows = run("xlnet_objectives", "--arms", "XLNet spans, 11 targets; causal, 64 targets")
+    assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
+        ("XLNet spans, 11 targets", "spans", "11"), ("causal, 64 targets", "causal", "64")]
+    assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_infill", "bpc_left_to_right"))
+
     rows = run("xl_eval_speed")
     assert [r["A"] for r in rows] == ["8", "16"]
     assert all(float(r["predicted_kv"]) > float(r["predicted_states"]) > 1 for r in rows)
@@ -241,14 +250,15 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     (["depth", "--depths", "1", "--norms", "mid"], "--norms takes 'pre', 'post' or 'pre,post'"),
     (["positions", "--depths", "0"], "--depths needs at least one integer"),
     (["xl_eval_speed", "--lengths", "2"], "every length >= tgt_len"),
+    (["xlnet_objectives", "--arms", "XLNet"], "unknown arm(s) XLNet: expected some of"),
     (["xlnet_k_cost", "--ks", "1,100"], "every K must be between 1 and seq_len 64"),
     (["xl_eval_speed", "--lengths", "32,x"], "--lengths takes comma-separated integers"),
     (["segtree_cost", "--max-n", "128"], "need 2 <= min_n <= max_n"),
     (["segtree_cost", "--methods", "segtree,tree"], "unknown method(s) tree"),
     (["models", "--models", "nope"], "unknown model 'nope'"),
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
-    (["xlnet_memory", "--arms", "ordered streams,memory"], "unknown arm(s) memory: expected "
-                                                          "some of random windows, ordered"),
+    (["xlnet_memory", "--arms", "ordered streams;memory"], "unknown arm(s) memory: expected "
+                                                          "some of random windows; ordered"),
 ])
 def test_bad_options_are_one_clear_line_and_write_nothing(argv, message, tmp_path, capsys):
     path = tmp_path / "x.csv"

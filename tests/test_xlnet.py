@@ -1132,3 +1132,39 @@ def test_pretraining_settings_that_cannot_work_are_refused():
         tiny(seq_len=32, reuse_len=8, vocab_size=256)
     with pytest.raises(ValueError, match="predict fewer"):
         tiny(seq_len=32, reuse_len=24, n_predict=24)
+
+
+# ---------------------------------------------------------------- span-based targets
+
+def test_span_targets_are_spans_of_1_to_5_predicted_after_all_the_context():
+    """kind='spans': n_predict distinct positions in runs of 1 to MAX_SPAN with context
+    between runs; every target's query sees all the context and never itself; the targets
+    are ranked after the context in a random order (so some target sees another); many
+    draws reach every span length and both ends of the sequence."""
+    from minixl.xlnet import MAX_SPAN
+
+    torch.manual_seed(0)
+    T, n, B = 32, 11, 200
+    (content, query), targets = training_masks(B, T, n, kind="spans")
+    assert targets.shape == (B, n)
+    lengths, ends = set(), set()
+    for b in range(B):
+        pos = sorted(targets[b].tolist())
+        assert len(set(pos)) == n and 0 <= pos[0] and pos[-1] < T
+        runs, start = [], pos[0]
+        for p, q in zip(pos, pos[1:] + [None]):
+            if q != p + 1:
+                runs.append(p - start + 1)
+                start = q
+        assert all(1 <= r <= MAX_SPAN for r in runs), runs
+        lengths |= set(runs)
+        ends |= {pos[0] == 0, pos[-1] == T - 1}
+        is_target = torch.zeros(T, dtype=torch.bool)
+        is_target[targets[b]] = True
+        assert query[b][is_target][:, ~is_target].all()  # all the context
+        assert not query[b].diagonal().any()
+        assert not content[b][~is_target][:, is_target].any()  # context never sees a target
+        assert query[b][is_target][:, is_target].any()  # an order among the targets
+    assert lengths == set(range(1, MAX_SPAN + 1)) and ends == {True, False}
+    with pytest.raises(ValueError, match="do not fit"):
+        training_masks(1, 8, 8, kind="spans")

@@ -1,5 +1,5 @@
-"""Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask and
-rel_shift_bi, compared with the references in minixl.xlnet; the helpers before them
+"""Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask,
+rel_shift_bi and span_targets, compared with the references in minixl.xlnet; the helpers before them
 build the factorisation orders and name the typical slip of a wrong mask. Hand-written
 (not generated).
 """
@@ -245,3 +245,70 @@ def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
                     "x[..., i, Tq - 1 - i + j].")
         return _verdict("rel_shift_bi", f"{where}: {hint}", len(shapes))
     return _verdict("rel_shift_bi", None, len(shapes))
+
+
+def _runs(positions: list[int]) -> list[tuple[int, int]]:
+    """(start, length) of the runs of consecutive positions in a sorted list."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and p == runs[-1][0] + runs[-1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((p, 1))
+    return runs
+
+
+def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
+    """Check fn(T, n_predict) -> the target positions of one sequence of T for XLNet's
+    span-based prediction: n_predict distinct positions in [0, T), in spans of 1 to 5
+    consecutive positions with context between two spans, drawn at random (over many draws
+    every span length occurs, spans start anywhere, the targets move)."""
+    max_span = _ref("xlnet", "MAX_SPAN")
+    cases = [(32, 11), (64, 11), (16, 8), (12, 1), (40, 20)]
+    draws = 200
+    for T, n in cases:
+        where = f"for T={T}, n_predict={n}"
+        seen_lengths, firsts, sets = set(), set(), set()
+        for d in range(draws):
+            torch.manual_seed(d)
+            got, err = _call(fn, T, n)
+            if err:
+                return _verdict("span_targets", f"{where}: {err}", len(cases))
+            if not isinstance(got, torch.Tensor) or got.dim() != 1 or got.dtype.is_floating_point:
+                return _verdict("span_targets", f"{where}: expected a 1-D integer tensor of "
+                                f"positions, got {got!r:.80}", len(cases))
+            pos = sorted(got.tolist())
+            if len(pos) != n:
+                hint = (" The last span must be cut so that the lengths add up to n_predict."
+                        if len(pos) > n else "")
+                return _verdict("span_targets", f"{where}: {len(pos)} positions, expected "
+                                f"{n}.{hint}", len(cases))
+            if len(set(pos)) != n:
+                return _verdict("span_targets", f"{where}: a position appears twice ({pos}): "
+                                "spans overlap", len(cases))
+            if pos[0] < 0 or pos[-1] >= T:
+                return _verdict("span_targets", f"{where}: positions {pos} leave [0, {T})",
+                                len(cases))
+            runs = _runs(pos)
+            long = [r for r in runs if r[1] > max_span]
+            if long:
+                return _verdict("span_targets", f"{where}: a run of {long[0][1]} targets from "
+                                f"position {long[0][0]} ({pos}): spans are 1 to {max_span} "
+                                "long, and two spans need context between them (a span that "
+                                "touches the next one makes a longer span)", len(cases))
+            seen_lengths |= {r[1] for r in runs}
+            firsts.add(pos[0])
+            sets.add(tuple(pos))
+        if len(sets) == 1:
+            return _verdict("span_targets", f"{where}: every draw gave the same targets "
+                            f"{list(sets)[0]}: draw them at random (torch's generator)",
+                            len(cases))
+        if firsts == {0}:
+            return _verdict("span_targets", f"{where}: the first span always starts at 0: place "
+                            "the spans at random among the context", len(cases))
+        possible = set(range(1, min(max_span, n) + 1))
+        if n >= 2 * max_span and not possible <= seen_lengths:
+            return _verdict("span_targets", f"{where}: in {draws} draws the spans had lengths "
+                            f"{sorted(seen_lengths)} only, expected every length from 1 to "
+                            f"{max_span}", len(cases))
+    return _verdict("span_targets", None, len(cases))

@@ -272,8 +272,8 @@ register(Experiment(
     (_SEEDS, Option("steps", int, 500, "optimiser steps per run (section 5.8: 500)"),
      Option("mem_len", int, 64, "the memory of the arms that have one, and of the memory "
             "reading for every arm"),
-     Option("arms", str, None, "comma-separated arms: random windows, ordered streams, "
-            "ordered streams + memory, pretraining input + memory (default: all four)"),
+     Option("arms", str, None, "arms separated by ';': random windows; ordered streams; "
+            "ordered streams + memory; pretraining input + memory (default: all four)"),
      Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
      _THREADS),
     ("arm", "seed", "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc",
@@ -290,6 +290,18 @@ register(Experiment(
      _CUDA_DEVICE),
     ("K", "n_predict", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio", "gflops",
      "content_gflops", "query_gflops", "flops_ratio")))
+
+register(Experiment(
+    "xlnet_objectives", "minixl.experiments.xlnet:xlnet_objectives",
+    "book/xlnet_objectives.csv",
+    "Chapter 5.8: causal, XLNet (11 and 64 targets, and span targets) and BERT-style "
+    "objectives on one model, 3 seeds, held-out infilling and left-to-right bpc",
+    (_SEEDS, Option("steps", int, 500, "optimiser steps per run (section 5.8: 500)"),
+     Option("arms", str, None, "arms separated by ';' (default: all five)"),
+     Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
+     _THREADS),
+    ("arm", "seed", "bpc_infill", "bpc_infill_independent", "bpc_infill_causal",
+     "bpc_left_to_right", "train_seconds")))
 
 register(Experiment(
     "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",

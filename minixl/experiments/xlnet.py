@@ -21,6 +21,42 @@ ARMS = {
 }
 
 
+def _pick(arms: str | None, table: dict) -> list[str]:
+    """The arms named in `arms` (separated by ';'; None: all of the table's), checked."""
+    chosen = list(table) if arms is None else [a.strip() for a in arms.split(";") if a.strip()]
+    unknown = [a for a in chosen if a not in table]
+    if unknown or not chosen:
+        raise ValueError(f"unknown arm(s) {'; '.join(unknown) or '(none given)'}: expected "
+                         f"some of {'; '.join(table)} (separated by ';')")
+    return chosen
+
+
+def _held_out(threads: int, corpus: str, eval_bytes: int):
+    """One thread count for the run, the corpus, and its first eval_bytes held-out bytes."""
+    import torch
+
+    from ..data import load_corpus
+
+    torch.set_num_threads(threads)
+    data = load_corpus(corpus)
+    return data, data.valid[:eval_bytes]
+
+
+def _train(model, batches, objective: str, seed: int, steps: int):
+    """Section 5.8's recipe (batches of 16, lr 3e-3, 50 warm-up steps) through minixl's
+    training loop: (the result, seconds)."""
+    import time
+
+    from ..training import TrainConfig, train
+    from ..xlnet import PermutationObjective
+
+    t0 = time.perf_counter()
+    result = train(model, TrainConfig(steps=steps, batch_size=16, lr=3e-3, warmup=50,
+                                      seed=seed),
+                   batches=batches, objective=PermutationObjective(objective), progress=False)
+    return result, time.perf_counter() - t0
+
+
 def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
                  arms: str | None = None, eval_bytes: int = 16384, threads: int = 1,
                  corpus: str = "pydoc") -> list[dict]:
@@ -29,30 +65,20 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
     with nothing before them (all-positions), segments of 64 read left to right with a memory
     of mem_len (Chapter 4's memory protocol, the same memory for every arm), and spans of 8
     in the middle of windows of 64 (infill)."""
-    import time
 
     import torch
 
-    from ..data import load_corpus
     from ..evaluation import evaluate
     from ..kinds import with_overrides
     from ..models import KINDS
-    from ..training import TrainConfig, train
-    from ..xlnet import PermutationObjective
 
     seed_list = int_list(seeds, "seeds", 0)
-    chosen = list(ARMS) if arms is None else [a.strip() for a in arms.split(",") if a.strip()]
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown or not chosen:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: expected "
-                         f"some of {', '.join(ARMS)}")
+    chosen = _pick(arms, ARMS)
     if steps < 1 or mem_len < 1 or eval_bytes < 4 * SMALL["seq_len"]:
         raise ValueError(f"steps and mem_len must be >= 1 and eval_bytes >= "
                          f"{4 * SMALL['seq_len']}; got steps={steps}, mem_len={mem_len}, "
                          f"eval_bytes={eval_bytes}")
-    torch.set_num_threads(threads)
-    data = load_corpus(corpus)
-    held = data.valid[:eval_bytes]
+    data, held = _held_out(threads, corpus, eval_bytes)
     kind = KINDS["xlnet"]
     rows = []
     for seed in seed_list:
@@ -61,12 +87,8 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
             config = kind.config(**{**SMALL, "mem_len": mem_len, **changes})
             torch.manual_seed(seed)
             model = kind.build(config)
-            source = _source(kind, data.train, config, seed, batches)
-            t0 = time.perf_counter()
-            result = train(model, TrainConfig(steps=steps, batch_size=16, lr=3e-3, warmup=50,
-                                              seed=seed),
-                           batches=source, objective=PermutationObjective(), progress=False)
-            seconds = time.perf_counter() - t0
+            result, seconds = _train(model, _source(kind, data.train, config, seed, batches),
+                                     "permutation", seed, steps)
             reader = kind.build(with_overrides(config, mem_len=mem_len))  # the same weights,
             reader.load_state_dict(model.state_dict())  # read with a memory of mem_len
             T = config.seq_len
@@ -172,4 +194,64 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
             gflops=round(flops[k] / 1e9, 4), content_gflops=round(content / 1e9, 4),
             query_gflops=round(per_target * p[k] / 1e9, 4),
             flops_ratio=round(flops[k] / flops[base], 3)))
+    return rows
+
+
+# arm -> (objective kind, targets per sequence of 64)
+OBJECTIVE_ARMS = {
+    "causal, 64 targets": ("causal", 64),
+    "XLNet, 11 targets": ("permutation", 11),  # K about 6, as in section 5.8
+    "XLNet, 64 targets": ("permutation", 64),  # K = 1: the causal model's supervision
+    "XLNet spans, 11 targets": ("spans", 11),
+    "BERT-style, 11 targets": ("independent", 11),
+}
+
+
+def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = None,
+                     eval_bytes: int = 16384, threads: int = 1,
+                     corpus: str = "pydoc") -> list[dict]:
+    """Chapter 5.8: which objective fills spans best, with the supervision equalised. Chapter
+    5.8's model (2 layers of width 64, random windows of 64) trained by each objective for
+    the same steps: causal (every position a target), XLNet at K about 6 and at K = 1 (as
+    many targets as the causal model), XLNet with span targets (spans of 1 to 5, the paper's),
+    and the BERT-style objective, each with its targets per window. One row per arm and
+    seed: held-out bpc of spans of 8 in the middle of windows of 64 read left to right with
+    both sides seen (infill, XLNet's reading), each byte from both sides alone (independent,
+    BERT's), left to right up to the span's end (causal, a causal model's), and the windows
+    read left to right (all-positions)."""
+
+    import torch
+
+    from ..data import RandomWindows
+    from ..evaluation import evaluate
+    from ..models import KINDS
+    from ..xlnet import evaluate_infill
+
+    seed_list = int_list(seeds, "seeds", 0)
+    chosen = _pick(arms, OBJECTIVE_ARMS)
+    T = SMALL["seq_len"]
+    if steps < 1 or eval_bytes < 4 * T:
+        raise ValueError(f"steps must be >= 1 and eval_bytes >= {4 * T}; got steps={steps}, "
+                         f"eval_bytes={eval_bytes}")
+    data, held = _held_out(threads, corpus, eval_bytes)
+    kind = KINDS["xlnet"]
+    rows = []
+    for seed in seed_list:
+        for arm in chosen:
+            objective, targets = OBJECTIVE_ARMS[arm]
+            torch.manual_seed(seed)
+            model = kind.build(kind.config(**{**SMALL, "n_predict": targets}))
+            result, seconds = _train(model, RandomWindows(data.train, 16, T, seed=seed),
+                                     objective, seed, steps)
+            keep_row(rows, dict(
+                arm=arm, objective=objective, targets=targets, seed=seed, steps=steps,
+                bpc_infill=round(evaluate(model, held, "infill", seq_len=T, kind=kind).bpc, 4),
+                bpc_infill_independent=round(evaluate_infill(
+                    model, held, seq_len=T, reading="independent"), 4),
+                bpc_infill_causal=round(evaluate_infill(model, held, seq_len=T,
+                                                        reading="causal"), 4),
+                bpc_left_to_right=round(evaluate(model, held, "all-positions", seq_len=T,
+                                                 kind=kind).bpc, 4),
+                last_train_bpc=round(result.history[-1]["train_bpc"], 4),
+                train_seconds=round(seconds, 1)))
     return rows
