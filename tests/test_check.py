@@ -748,4 +748,16 @@ def test_span_targets_checker_names_the_slip(capsys):
     fails_with(capsys, check.span_targets, uncut, "positions, expected 11",
                "The last span must be cut")
     fails_with(capsys, check.span_targets, fixed, "every draw gave the same targets")
+    def packed(T, n):  # random spans one byte apart from a random offset: context at the ends
+        pos = xlnet.span_positions(n + n, n)  # spans separated by single bytes, mostly
+        runs, at, out = [], int(torch.randint(0, 3, ())), []
+        for p in pos.tolist():
+            if runs and p == runs[-1] + 1:
+                out.append(out[-1] + 1)
+            else:
+                out.append(at if not out else out[-1] + 2)
+            runs.append(p)
+        return torch.tensor(out)
+
     fails_with(capsys, check.span_targets, from_zero, "the first span always starts at 0")
+    fails_with(capsys, check.span_targets, packed, "always 1 byte apart")

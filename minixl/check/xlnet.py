@@ -262,13 +262,14 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
     """Check fn(T, n_predict) -> the target positions of one sequence of T for XLNet's
     span-based prediction: n_predict distinct positions in [0, T), in spans of 1 to 5
     consecutive positions with context between two spans, drawn at random (over many draws
-    every span length occurs, spans start anywhere, the targets move)."""
+    every span length occurs, spans start anywhere and lie at varying distances, the targets
+    move)."""
     max_span = _ref("xlnet", "MAX_SPAN")
     cases = [(32, 11), (64, 11), (16, 8), (12, 1), (40, 20)]
     draws = 200
     for T, n in cases:
         where = f"for T={T}, n_predict={n}"
-        seen_lengths, firsts, sets = set(), set(), set()
+        seen_lengths, firsts, sets, gaps = set(), set(), set(), set()
         for d in range(draws):
             torch.manual_seed(d)
             got, err = _call(fn, T, n)
@@ -297,6 +298,7 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
                                 "long, and two spans need context between them (a span that "
                                 "touches the next one makes a longer span)", len(cases))
             seen_lengths |= {r[1] for r in runs}
+            gaps |= {b[0] - (a[0] + a[1]) for a, b in zip(runs, runs[1:])}
             firsts.add(pos[0])
             sets.add(tuple(pos))
         if len(sets) == 1:
@@ -306,6 +308,10 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
         if firsts == {0}:
             return _verdict("span_targets", f"{where}: the first span always starts at 0: place "
                             "the spans at random among the context", len(cases))
+        if gaps and max(gaps) == 1 and T - n > 2 * n:
+            return _verdict("span_targets", f"{where}: two spans are always 1 byte apart: the "
+                            "context between spans must be placed at random too, not all at "
+                            "the ends", len(cases))
         possible = set(range(1, min(max_span, n) + 1))
         if n >= 2 * max_span and not possible <= seen_lengths:
             return _verdict("span_targets", f"{where}: in {draws} draws the spans had lengths "

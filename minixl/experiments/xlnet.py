@@ -136,9 +136,11 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
 
     k_list = int_list(ks, "ks", 1)
     T = SMALL["seq_len"]
-    if any(k > T for k in k_list) or rounds < 1 or steps < 1:
-        raise ValueError(f"every K must be between 1 and seq_len {T} (n_predict = {T} // K; "
-                         f"got {ks}), and rounds and steps >= 1")
+    if 1 not in k_list or len({T // k for k in k_list}) < 2 or any(k > T for k in k_list):
+        raise ValueError(f"--ks needs K = 1 (the ratios are to it) and another K up to "
+                         f"seq_len {T} with fewer targets (n_predict = {T} // K); got {ks}")
+    if rounds < 1 or steps < 1:
+        raise ValueError(f"rounds and steps must be >= 1, got {rounds} and {steps}")
     torch.set_num_threads(threads)
     sizes = {k: v for k, v in SMALL.items() if k != "n_predict"}
     runs = {}
@@ -177,10 +179,10 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
     # FLOPs of a step: the kind's count (linear in the targets P), split at P = 0
     flops = {k: KINDS["xlnet"].flops_per_token(runs[k][0]) * batch_size * T for k in k_list}
     p = {k: T // k for k in k_list}
-    k_a, k_b = k_list[0], k_list[-1]
-    per_target = (flops[k_a] - flops[k_b]) / (p[k_a] - p[k_b]) if p[k_a] != p[k_b] else 0.0
-    content = flops[k_a] - per_target * p[k_a]
-    base = k_list[0]
+    k_b = max(k_list, key=lambda k: T - p[k])  # the fewest targets
+    per_target = (flops[1] - flops[k_b]) / (p[1] - p[k_b])
+    content = flops[1] - per_target * p[1]
+    base = 1
     fastest = {k: min(v) for k, v in seconds.items()}
     median = {k: statistics.median(v) for k, v in seconds.items()}
     rows = []
