@@ -1,8 +1,11 @@
-"""Chapter 5's experiment: what XLNet's memory buys at laptop scale.
+"""Chapter 5's experiments: the cost of a step against K (xlnet_k_cost, section 5.5), what
+XLNet's memory buys at laptop scale (xlnet_memory, 5.6), and which objective fills spans best
+with the supervision equalised (xlnet_objectives, 5.8).
 
-Hand-written (not generated): a run of the registry in minixl.experiments. Each arm trains
-Chapter 5's XLNet through minixl's one training loop with the batch source and objective the
-command line uses (`minixl train --model xlnet`), so the arms differ only in their config.
+Hand-written (not generated): runs of the registry in minixl.experiments. Each arm trains
+Chapter 5's XLNet through minixl's one training loop with the objective (and, for the memory,
+the batch source) that `minixl train --model xlnet` uses, so the arms differ only in what
+they name.
 """
 
 from __future__ import annotations
