@@ -101,7 +101,8 @@ class ModelKind:
     source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
     causal: bool = True  # no position reads a later byte (checked by minixl.check.kind)
     # a batch source of its own, (data, batch_size, length, *, seed, config) -> (step -> (x,
-    # y, fresh)), in place of the one `streams` picks; config is the model's config
+    # y, fresh)), in place of the one `streams` picks; config is the model's config, and a
+    # source that returns None for a config leaves the choice to `streams`
     batch_source: Callable | None = None
     # the module that declared it ("__main__" in a notebook), also for a kind made with
     # dataclasses.replace: set when it is made, never copied
@@ -208,10 +209,12 @@ class ModelKind:
     def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
         """The batch source of this kind: step -> (x, y, fresh)."""
         length = getattr(model_cfg, self.length)
-        if self.batch_source is None:
-            source = _streams if self.reads_streams(model_cfg) else RandomWindows
-            return source(data, batch_size, length, seed=seed)
-        return self.batch_source(data, batch_size, length, seed=seed, config=model_cfg)
+        if self.batch_source is not None:
+            own = self.batch_source(data, batch_size, length, seed=seed, config=model_cfg)
+            if own is not None:
+                return own
+        source = _streams if self.reads_streams(model_cfg) else RandomWindows
+        return source(data, batch_size, length, seed=seed)
 
     def flops_per_token(self, model: nn.Module) -> float:
         """Training FLOPs per token: the kind's own count, else 6 per weight (2 forward,

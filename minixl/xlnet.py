@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .char_transformer import eval_mode
-from .data import Batch, OrderedStreams, RandomWindows, step_seed
+from .data import Batch, step_seed
 
 
 # %% book/05_xlnet.md, section 5.2 Permutation language modelling
@@ -575,13 +575,12 @@ class PretrainStreams:
 
 def xlnet_batches(data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int, config):
     """The xlnet kind's batch source: PretrainStreams with reuse_len > 0 or bi_data; else
-    ordered streams with a memory, random windows without."""
+    None, which leaves the choice to the kind (ordered streams with a memory, random
+    windows without)."""
     if config.reuse_len or config.bi_data:
         return PretrainStreams(data, batch_size, seq_len, seed=seed, reuse_len=config.reuse_len,
                                bi_data=config.bi_data)
-    if config.mem_len:
-        return OrderedStreams(data, batch_size, seq_len)
-    return RandomWindows(data, batch_size, seq_len, seed=seed)
+    return None
 
 
 # %% book/05_xlnet.md, section 5.7 The reference implementation

@@ -1,7 +1,7 @@
 """Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask,
-rel_shift_bi and span_targets, compared with the references in minixl.xlnet; the helpers before them
-build the factorisation orders and name the typical slip of a wrong mask. Hand-written
-(not generated).
+rel_shift_bi and span_targets, compared with the references in minixl.xlnet; the helpers
+before them build the factorisation orders and name the typical slip of a wrong mask.
+Hand-written (not generated).
 """
 
 from __future__ import annotations

@@ -92,8 +92,10 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
             model = kind.build(config)
             result, seconds = _train(model, _source(kind, data.train, config, seed, batches),
                                      "permutation", seed, steps)
-            reader = kind.build(with_overrides(config, mem_len=mem_len))  # the same weights,
-            reader.load_state_dict(model.state_dict())  # read with a memory of mem_len
+            reader = model  # the same weights, read with a memory of mem_len
+            if config.mem_len != mem_len:
+                reader = kind.build(with_overrides(config, mem_len=mem_len))
+                reader.load_state_dict(model.state_dict())
             T = config.seq_len
             scores = {name: evaluate(m, held, protocol, seq_len=T, kind=kind).bpc
                       for name, m, protocol in (("windows", model, "all-positions"),
