@@ -1,7 +1,7 @@
 """The benchmark of `minixl bench`: training tokens/s and model FLOPs utilisation of any model.
 
 Hand-written shared machinery (not generated). `bench` builds a run the way `minixl train`
-does (`minixl.training.build_model`: the preset, the objective, the optimiser with its
+does (`minixl.launch.build_model`: the preset, the objective, the optimiser with its
 weight-decay groups, fused on CUDA) and times the trainer's own `train_step` on random
 bytes, with the state carried from step to step as in training. `models_suite` (the entry
 ``models`` of the registry of runs, `minixl bench --suite models`) does it for every model
@@ -19,7 +19,8 @@ import time
 import torch
 
 from .device import peak_rss_mb, resolve_device
-from .models import KINDS, paper_presets, resolve_preset
+from .kinds import KINDS, paper_presets, resolve_preset
+from .plugins import kind_named
 
 __all__ = ["PEAKS", "peak_tflops", "bench", "model_point", "models_suite"]
 
@@ -48,7 +49,8 @@ def bench(model: str | None = None, preset: str | None = None, *,
     """Training throughput (forward, backward, AdamW step: `minixl.training.train_step`, with
     the optimiser `minixl train` makes) in tokens/s, and MFU on CUDA, of a model kind at a
     preset (config fields overridden by model_settings; batch_size None: the preset's)."""
-    from .training import Net, build_model, make_optimizer, train_step
+    from .launch import build_model
+    from .training import Net, make_optimizer, train_step
 
     if (batch_size is not None and batch_size < 1) or steps < 1 or warmup < 0:
         raise ValueError(f"need batch_size >= 1, steps >= 1 and warmup >= 0, got {batch_size}, "
@@ -138,11 +140,11 @@ def models_suite(preset: str | None = None, models: str | list | None = None,
     papers = paper_presets()
     rows = []
     for name in names:
-        kind, _ = resolve_preset(name, None)  # a clear error for an unknown model, here
+        kind, _ = resolve_preset(kind_named(name), None)  # a clear error, here
         if preset in papers and papers[preset] != kind.name:
             continue  # a paper-scale preset: its own model only
         point = kind.scale_preset if preset is None else preset
-        imports = (f"from minixl.models import kind_of; kind_of({kind.source!r})"
+        imports = (f"from minixl.plugins import load_kind; load_kind({kind.source!r})"
                    if kind.source else "")  # a kind of your own: import it there too
         rows.append(_in_fresh_process(
             f"model_point({name!r}, {point!r}, batch_size={batch_size!r}, steps={steps!r}, "

@@ -2,7 +2,7 @@
 
 Hand-written glue (not generated). Run `minixl --help` or `python -m minixl --help`. Nothing
 here names a model: the model flags, presets, objective options and evaluation protocols
-come from the registered model kinds (`minixl.models`; `--model MODULE:NAME` loads one of
+come from the registered model kinds (`minixl.kinds`; `--model MODULE:NAME` loads one of
 your own), and `minixl bench --suite NAME` runs an entry of the registry of runs
 (`minixl.experiments`) with that entry's own options.
 
@@ -25,9 +25,10 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
 from .evaluation import PROTOCOLS, evaluate
-from .models import (DEFAULT_MODEL, KINDS, kind_of, model_fields, model_from_checkpoint,
-                     paper_presets, resolve_preset, with_overrides)
+from .kinds import (DEFAULT_MODEL, KINDS, model_fields, model_from_checkpoint, paper_presets,
+                    resolve_preset, with_overrides)
 from .options import CHECKPOINT, CORPUS, DEVICE, Option, add_options, flag, parent
+from .plugins import kind_named, load_kind
 
 __all__ = ["main", "build_parser"]
 
@@ -157,12 +158,13 @@ def cmd_train(args) -> int:
 
 def _train(args, ranks) -> int:
     """cmd_train's work, in each process of a distributed run; only rank 0 prints."""
-    from .training import setup_run
+    from .launch import setup_run
 
     say = print if ranks.rank == 0 else (lambda *a, **k: None)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
         raise ValueError("--sample-len must be >= 0, and --prompt not empty when it is > 0")
-    kind, preset = resolve_preset(args.model, args.preset)
+    kind, preset = resolve_preset(None if args.model is None else kind_named(args.model),
+                                  args.preset)
     out = args.out or _default_out(kind, preset)
     run = setup_run(kind, preset, corpus=args.corpus or "pydoc", device=args.device, out=out,
                     model_settings=_given(args, model_fields()),
@@ -201,7 +203,7 @@ def _checkpoint_model(args, device):
     ckpt = load_checkpoint(args.checkpoint)
     model = model_from_checkpoint(ckpt).to(device)
     kind = KINDS[ckpt["meta"]["kind"]]
-    if args.model is not None and kind_of(args.model).name != kind.name:
+    if args.model is not None and kind_named(args.model).name != kind.name:
         raise ValueError(f"{args.checkpoint} holds a --model {kind.name} checkpoint, not "
                          f"--model {args.model}")
     return ckpt, model, kind
@@ -375,7 +377,7 @@ def _preload(argv: list[str]) -> None:
         value = argv[i + 1] if a == "--model" and i + 1 < len(argv) else (
             a.partition("=")[2] if a.startswith("--model=") else None)
         if value and ":" in value:
-            kind_of(value)
+            load_kind(value)
 
 
 def main(argv: list[str] | None = None) -> int:

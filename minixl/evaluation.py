@@ -17,13 +17,15 @@ one of them, as the trainer (held-out bpc) and `minixl eval` do. The book's four
   left-to-right counterpart.
 
 Which protocols suit a model is a fact of its kind (`minixl.kinds.ModelKind.protocols`,
-names of these or Protocol objects of its own); nothing here or in the trainer and the
-command line asks which protocol it holds.
+names of these or Protocol objects of its own): `evaluate` takes a Protocol, which callers
+ask the kind for (`kind.protocol(name)`), and checks it against the kind when given one.
+Nothing here knows the kinds or guesses one from a model, and nothing in the trainer and the
+command line asks which protocol it holds. The book's protocols import their chapter's code
+when they run (no chapter imports this module), so that importing it loads no chapter.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,7 +35,7 @@ import torch.nn as nn
 from .device import autocast
 
 __all__ = ["Protocol", "PROTOCOLS", "INFILL_SPAN", "Evaluation", "evaluate", "check_protocol",
-           "memory_streams", "protocol_named"]
+           "memory_streams"]
 
 INFILL_SPAN = 8  # bytes scored per window by the infill protocol
 
@@ -110,10 +112,6 @@ def _memory(model, data, *, seq_len, batch_size, stride):
 def _infill(model, data, *, seq_len, batch_size, stride):
     from .xlnet import evaluate_infill
 
-    if "target_mapping" not in inspect.signature(model.forward).parameters:
-        raise ValueError(f"the infill protocol needs a model that sees both sides of a span (a "
-                         f"query stream: forward(..., masks=..., target_mapping=...), as in "
-                         f"Chapter 5); a {type(model).__name__} reads left to right only")
     if len(data) < seq_len:
         raise ValueError(f"the infill protocol needs at least one window of {seq_len} "
                          f"bytes, got {len(data)}")
@@ -141,61 +139,35 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
 )}
 
 
-def protocol_named(protocol: str | Protocol, model: nn.Module | None = None,
+def check_protocol(protocol: Protocol, seq_len: int, *, what: str = "seq_len",
                    kind=None) -> Protocol:
-    """The Protocol a name stands for: one of the kind's own protocols (the kind given, else
-    the registered kind of the model's config class, if just one), else one of the book's
-    (PROTOCOLS); a Protocol is returned as it is."""
-    if not isinstance(protocol, str):
-        return protocol
-    kind = kind or _kind_of_model(model)
-    own = {p.name: p for p in kind.protocol_objects()} if kind else {}
-    if protocol in own:
-        return own[protocol]
-    if protocol not in PROTOCOLS:
-        names = list(own) + [n for n in PROTOCOLS if n not in own]
-        raise ValueError(f"unknown protocol {protocol!r}: expected one of {', '.join(names)}")
-    return PROTOCOLS[protocol]
-
-
-def _kind_of_model(model: nn.Module | None):
-    """The registered kind whose config class is the model's (None if there is none)."""
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
-    from .kinds import _known
-
-    found = [k for k in _known().values() if k.config is type(config)]
-    return found[0] if len(found) == 1 else None
-
-
-def check_protocol(protocol: str | Protocol, seq_len: int, *, model: nn.Module | None = None,
-                   what: str = "seq_len", kind=None) -> Protocol:
     """The protocol, after a clear error when it cannot score windows (or segments) of
-    seq_len, or when the model's kind (the kind given, else the registered kind of its config
-    class, if just one) does not declare it; `what` names the setting that gave seq_len."""
-    kind = kind or _kind_of_model(model)  # looked up once
-    p = protocol_named(protocol, kind=kind)
+    seq_len, or when the model's kind (a ModelKind, if given) does not declare it; `what`
+    names the setting that gave seq_len."""
+    if not isinstance(protocol, Protocol):
+        raise TypeError(f"expected a minixl.evaluation.Protocol, got {protocol!r}: ask the "
+                        "model's kind for one by name, kind.protocol('all-positions'), or "
+                        "take one of the book's from minixl.evaluation.PROTOCOLS")
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    if p.check is not None:
-        p.check(seq_len, what)
-    if kind is not None and p.name not in kind.protocol_names:
-        raise ValueError(f"a {type(model).__name__} (--model {kind.name}) cannot be scored "
-                         f"by the {p.name} protocol ({p.help}): its kind declares "
+    if protocol.check is not None:
+        protocol.check(seq_len, what)
+    if kind is not None and protocol.name not in kind.protocol_names:
+        raise ValueError(f"a --model {kind.name} model cannot be scored by the {protocol.name} "
+                         f"protocol ({protocol.help}): its kind declares "
                          f"{', '.join(kind.protocol_names)}")
-    return p
+    return protocol
 
 
-def evaluate(model: nn.Module, data: torch.Tensor, protocol: str | Protocol, *, seq_len: int,
+def evaluate(model: nn.Module, data: torch.Tensor, protocol: Protocol, *, seq_len: int,
              stride: int | None = None, batch_size: int = 64, kind=None) -> Evaluation:
-    """Bits per byte of data [N] under a protocol, named or given (see the module docstring).
+    """Bits per byte of data [N] under a protocol (kind.protocol(name), or one of PROTOCOLS).
 
     seq_len is the window, or the segment length for a protocol that reads streams;
     batch_size is windows per forward pass, or at most that many streams; kind: the model's
-    ModelKind (default: the registered kind of its config class, where just one has it).
+    ModelKind, if given, must declare the protocol (the trainer and `minixl eval` give it).
     """
-    p = check_protocol(protocol, seq_len, model=model, kind=kind)
+    p = check_protocol(protocol, seq_len, kind=kind)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     if stride is not None and not p.stride:

@@ -24,7 +24,7 @@ class _Tiny(dict):
     (so that a new kind runs in every test that goes over KINDS without an entry here)."""
 
     def __missing__(self, name: str) -> dict:
-        from minixl.models import KINDS
+        from minixl.kinds import KINDS
 
         return dict(KINDS[name].presets["tiny"].model)
 
@@ -71,7 +71,7 @@ def signalled_at(step: int, signals: str, argv: list[str]) -> list[str]:
 
 def tiny_model(kind: str, **changes):
     """A tiny model of `kind` (TINY_CONFIGS with changes), built from a fixed seed."""
-    from minixl.models import KINDS
+    from minixl.kinds import KINDS
 
     torch.manual_seed(0)
     return KINDS[kind].build(KINDS[kind].config(**{**TINY_CONFIGS[kind], **changes}))

@@ -12,7 +12,7 @@ from conftest import TINY_CONFIGS
 from minixl import training
 from minixl.bench import bench as bench_one, models_suite, peak_tflops
 from minixl.cli import main
-from minixl.models import KINDS
+from minixl.kinds import KINDS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 

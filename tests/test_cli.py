@@ -17,8 +17,8 @@ from conftest import train_args
 from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
 from minixl.data import OrderedStreams, RandomWindows, decode, encode, load_corpus
-from minixl.evaluation import evaluate
-from minixl.models import model_from_checkpoint
+from minixl.evaluation import PROTOCOLS, evaluate
+from minixl.kinds import KINDS, model_from_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -153,9 +153,16 @@ def test_xlnet_trains_and_is_scored_by_infilling_as_training_did(xlnet_run, caps
 def test_infill_needs_a_model_that_sees_both_sides(char_run, small_corpus):
     model = model_from_checkpoint(char_run / "checkpoint.pt")
     data = load_corpus(str(small_corpus)).valid
-    with pytest.raises(ValueError, match=r"a CharTransformer \(--model char\) cannot be "
-                       r"scored by the infill protocol \(.*read with both sides seen\): its "
-                       "kind declares all-positions, sliding"):
+    char = KINDS["char"]
+    with pytest.raises(ValueError, match=r"a --model char model cannot be scored by the infill "
+                       r"protocol \(.*read with both sides seen\): its kind declares "
+                       "all-positions, sliding"):
+        evaluate(model, data, PROTOCOLS["infill"], seq_len=32, kind=char)
+    with pytest.raises(ValueError, match="--protocol infill does not apply to a --model char "
+                                         "checkpoint; use all-positions or sliding"):
+        char.protocol("infill")
+    with pytest.raises(TypeError, match="expected a minixl.evaluation.Protocol, got 'infill': "
+                                        "ask the model's kind"):
         evaluate(model, data, "infill", seq_len=32)
 
 
@@ -300,8 +307,8 @@ BAD = [
     (["train", "--model", "no_such_module:KIND"], None,
      "--model no_such_module:KIND: cannot find a module no_such_module (no no_such_module.py here "
      "or on PYTHONPATH)"),
-    (["train", "--model", "minixl.models:KINDS"], None,
-     "--model minixl.models:KINDS: minixl.models.KINDS is a dict, not a minixl.kinds.ModelKind"),
+    (["train", "--model", "minixl.kinds:KINDS"], None,
+     "--model minixl.kinds:KINDS: minixl.kinds.KINDS is a dict, not a minixl.kinds.ModelKind"),
     (["eval", "--checkpoint", "{ckpt}", "--model", "xl"], _copy,
      "holds a --model char checkpoint, not --model xl"),
     (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),
@@ -428,7 +435,7 @@ def test_a_segtree_checkpoint_from_before_the_rule_existed_loads_as_bpt(segtree_
     """The first edition had only BPT's rule and wrote no `rule`: such a checkpoint is read
     as BPT's (not as the SegTree rule, whose edge types would silently differ), by eval and by
     --resume, which names the change when the command line asks for the other rule."""
-    from minixl.models import model_from_checkpoint
+    from minixl.kinds import model_from_checkpoint
     run = copy_run(segtree_run)
     ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
     del ckpt["model_config"]["rule"]
@@ -445,10 +452,10 @@ def test_a_segtree_checkpoint_from_before_the_rule_existed_loads_as_bpt(segtree_
 
 # ---------------------------------------------------------------- paper-scale presets
 
-from minixl.models import paper_presets  # noqa: E402
-from minixl.training import run_settings  # noqa: E402
+from minixl.kinds import paper_presets  # noqa: E402
+from minixl.launch import run_settings  # noqa: E402
 
-# What each paper reports (see the comments above each preset in minixl/models.py).
+# What each paper reports (see the comments above each preset in minixl/book_kinds.py).
 PAPER_SHAPES = {
     "t12": dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=512,
                 pos="per_layer"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from minixl.models import KINDS
+from minixl.kinds import KINDS
 from minixl.training import next_byte_objective
 
 T = 32  # training length of these checks (the tiny presets, shortened)

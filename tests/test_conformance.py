@@ -11,7 +11,7 @@ import torch.nn as nn
 from conftest import TINY_CONFIGS
 from minixl import check
 from minixl.kinds import ModelKind, Preset
-from minixl.models import KINDS
+from minixl.kinds import KINDS
 
 
 @pytest.mark.parametrize("name", list(KINDS))

@@ -300,7 +300,7 @@ def test_hf_xl_times_both_at_the_same_config():
     import torch
 
     from minixl.experiments.transformer_xl import hf_transfoxl, hf_xl
-    from minixl.models import KINDS
+    from minixl.kinds import KINDS
 
     sizes = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16)
     (r,) = hf_xl(preset="tiny", batch_size=2, steps=2, warmup=1, rounds=2, device="cpu", **sizes)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from minixl.evaluation import Protocol
+from minixl.evaluation import PROTOCOLS, Protocol
 from minixl.kinds import ModelKind, Preset
 
 HERE = Path(__file__).resolve().parent
@@ -168,9 +168,8 @@ def test_a_model_of_ones_own_from_python(tmp_path, small_corpus):
         assert run.meta["kind"] == "bigram" and "objective" not in run.meta
         with pytest.raises(ValueError, match="a model kind called 'bigram' is registered "
                                              "already \\(declared in test_plugin\\)"):
-            minixl.models.register(_from(ModelKind("bigram", "another", BigramConfig,
-                                                   Bigram, "block_size", BIGRAM.presets),
-                                         "elsewhere"))
+            minixl.kinds.register(ModelKind("bigram", "another", BigramConfig, Bigram,
+                                            "block_size", BIGRAM.presets), origin="elsewhere")
         with pytest.raises(ValueError, match="--max-relative applies to --model shaw, not "
                                              "--model bigram"):
             minixl.setup_run("bigram", model_settings={"max_relative": 4})
@@ -223,7 +222,7 @@ from dataclasses import dataclass, replace
 import torch.nn as nn
 from minixl.evaluation import Protocol
 from minixl.kinds import ModelKind, Preset
-from minixl.models import register
+from minixl.kinds import register
 
 @dataclass
 class ScaledConfig:
@@ -256,13 +255,12 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
     import minixl
     from minixl import kinds
 
-    book = dict(kinds.KINDS)
+    book, origins = dict(kinds.KINDS), dict(kinds.ORIGINS)
     try:
         first = _run_cell(1.0)["SCALED"]
         second = _run_cell(2.0)["SCALED"]  # the cell, edited and run again: it replaces
         assert kinds.KINDS["scaled"] is second and second is not first
-        importlib.reload(minixl.models)  # reloading the book's kinds keeps yours
-        importlib.reload(kinds)
+        importlib.reload(minixl.book_kinds)  # reloading the book's kinds keeps yours
         assert kinds.kind_of("scaled") is second and set(book) < set(kinds.KINDS)
         run = minixl.setup_run("scaled", corpus=str(small_corpus), device="cpu")
         assert run.built.model.config.scale == 2.0
@@ -270,40 +268,31 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
 
         # a refused kind leaves the registry as it was, also among others given with it
         before = dict(kinds.KINDS)
-        fresh = replace_origin(second, "fresh", "other_module")
-        clash = replace_origin(book["char"], "char", "other_module")
+        fresh = replace(second, name="fresh")
+        clash = replace(book["char"], summary="another char")
         with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
-                                             "minixl.models\\); give yours another name, or "
-                                             "register\\(kind, replace=True\\)"):
-            minixl.models.register(fresh, clash)
+                                             "minixl.book_kinds\\); give yours another name, "
+                                             "or register\\(kind, replace=True\\)"):
+            kinds.register(fresh, clash, origin="other_module")
         with pytest.raises(ValueError, match="window is not a field"):
             exec(CELL.replace("__SCALE__", "1.0").replace('"block_size",\n', '"window",\n'),
                  {"__name__": "__main__"})
         assert kinds.KINDS == before
-        minixl.models.register(clash, replace=True)  # on purpose
+        kinds.register(clash, replace=True)  # on purpose
         assert kinds.KINDS["char"] is clash
     finally:
         kinds.KINDS.clear()
         kinds.KINDS.update(book)
-
-
-def replace_origin(kind, name: str, origin: str):
-    return _from(replace(kind, name=name), origin)
-
-
-def _from(kind, origin: str):
-    """The kind, as if another module had declared it."""
-    object.__setattr__(kind, "origin", origin)
-    return kind
+        kinds.ORIGINS.clear()
+        kinds.ORIGINS.update(origins)
 
 
 def test_a_kind_made_from_the_books_by_replace_does_not_take_its_name_silently():
     from minixl import kinds
 
-    mine = replace(kinds.KINDS["char"], summary="my char")  # declared here, not in minixl
-    assert mine.origin == __name__
+    mine = replace(kinds.KINDS["char"], summary="my char")  # registered from here
     with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
-                                         "minixl.models\\)"):
+                                         "minixl.book_kinds\\)"):
         kinds.register(mine)
     assert kinds.KINDS["char"].summary != "my char"
 
@@ -330,18 +319,18 @@ def test_a_kind_s_protocol_and_batch_source_serve_python_too(small_corpus):
     from minixl.evaluation import evaluate
 
     try:
-        minixl.models.register(LASTBYTE)
+        minixl.kinds.register(LASTBYTE)
         ASKED.clear()
         run = minixl.setup_run("lastbyte", train_settings=dict(steps=3), corpus=str(small_corpus),
                                device="cpu")
         result = run.train(progress=False)
         assert ASKED == [0, 1, 2]  # the kind's own batch source fed the trainer
         model, valid = result.model, run.corpus.valid
-        by_name = evaluate(model, valid, "last-byte", seq_len=32)  # named: the kind's own
+        by_name = evaluate(model, valid, LASTBYTE.protocol("last-byte"), seq_len=32)
         assert by_name.protocol == "last-byte" and by_name.bpc == pytest.approx(result.valid_bpc)
         with pytest.raises(ValueError, match=r"cannot be scored by the sliding protocol .*: its "
                                              "kind declares last-byte, all-positions"):
-            evaluate(model, valid, "sliding", seq_len=32)
+            evaluate(model, valid, PROTOCOLS["sliding"], seq_len=32, kind=LASTBYTE)
     finally:
         kinds.KINDS.pop("lastbyte", None)
 
@@ -367,7 +356,7 @@ def test_a_carried_state_that_keeps_its_graph_is_detached_by_the_trainer(small_c
     from test_conformance import GRU, Recurrent, RecurrentConfig
 
     try:
-        minixl.models.register(GRU)
+        minixl.kinds.register(GRU)
         for accum in (1, 2):
             run = minixl.setup_run("gru", model_settings=dict(detach=False),
                                    train_settings=dict(steps=4, batch_size=4, grad_accum=accum,
@@ -435,7 +424,7 @@ MODULES = {  # a module of one's own that does not import, and the line that say
 
 def test_a_module_of_ones_own_that_does_not_import_is_named_with_file_and_line(
         tmp_path, monkeypatch):
-    from minixl.kinds import kind_of
+    from minixl.plugins import load_kind
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -446,23 +435,23 @@ def test_a_module_of_ones_own_that_does_not_import_is_named_with_file_and_line(
     (tmp_path / "pkg" / "mod.py").write_text("import pkg.helper\n")
     for name, (_, said) in MODULES.items():
         with pytest.raises(ValueError) as err:
-            kind_of(f"{name}:K")
+            load_kind(f"{name}:K")
         assert str(err.value).startswith(f"--model {name}:K: " + said.replace(
             "SYS", sys.executable).replace("TORCH", torch.__file__)), str(err.value)
     with pytest.raises(ValueError, match="^--model absent:K: cannot find a module absent \\(no "
                                          "absent.py here or on PYTHONPATH\\); run from the "
                                          "folder that holds it"):
-        kind_of("absent:K")
+        load_kind("absent:K")
     with pytest.raises(ValueError, match="cannot find a module nopkg.mod \\(no nopkg/mod.py"):
-        kind_of("nopkg.mod:K")
+        load_kind("nopkg.mod:K")
     with pytest.raises(ValueError, match="^--model pkg.mod:K: pkg.mod imports pkg.helper, which "
                                          "cannot be found beside it \\(misspelt, or not written "
                                          "yet\\?\\) \\(at pkg/mod.py, line 1\\)$"):
-        kind_of("pkg.mod:K")
+        load_kind("pkg.mod:K")
     for path in ("bigram.py", "./bigram", "models/bigram"):
         with pytest.raises(ValueError, match=f"^--model {path}:K: {path} is not a module name: "
                                              "name the module, not its file"):
-            kind_of(f"{path}:K")
+            load_kind(f"{path}:K")
 
 
 @pytest.mark.slow
@@ -481,7 +470,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 import minixl
 from minixl.evaluation import Protocol, evaluate
 from minixl.kinds import ModelKind, Preset
-from minixl.models import register
+from minixl.kinds import register
 
 @dataclass
 class TableConfig:
@@ -513,7 +502,8 @@ TABLE = register(ModelKind(
 """,
     "run = minixl.setup_run('table', corpus=CORPUS, device='cpu')\n"
     "result = run.train(progress=False)\n"
-    "found = evaluate(result.model, run.corpus.valid, 'second-half', seq_len=16)\n"
+    "found = evaluate(result.model, run.corpus.valid, TABLE.protocol('second-half'), "
+    "seq_len=16)\n"
     "print(found.protocol, found.bpc == result.valid_bpc)",
     "from minixl import check\nprint('all passed:', check.kind(TABLE))",
 ]

@@ -21,7 +21,8 @@ from conftest import signalled_at, train_args
 from minixl import CharTransformerConfig
 from minixl.checkpoint import load_checkpoint
 from minixl.evaluation import evaluate
-from minixl.models import KINDS, ShawConfig
+from minixl.book_kinds import ShawConfig
+from minixl.kinds import KINDS
 from minixl.training import TrainConfig, TrainingInterrupted, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +75,7 @@ def _library_run(kind, out, steps=12, *, resume=False, on_batch=None, on_eval=No
     def held_out(m, n_bytes):
         if on_eval:
             on_eval(n_bytes)
-        return evaluate(m, STREAM, k.protocols[0], seq_len=8, batch_size=4).bpc
+        return evaluate(m, STREAM, k.protocol(), seq_len=8, batch_size=4).bpc
 
     cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, seed=3, log_every=1,
                       eval_every=3, ckpt_every=ckpt_every, device="cpu")

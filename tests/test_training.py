@@ -15,7 +15,7 @@ from minixl import CharTransformer, CharTransformerConfig, lr_at
 from minixl.checkpoint import FORMAT, load_checkpoint
 from minixl.cli import main
 from minixl.data import OrderedStreams, RandomWindows, step_seed
-from minixl.models import KINDS
+from minixl.kinds import KINDS
 from minixl.training import TrainConfig, TrainingInterrupted, train
 from minixl.training import state as states
 

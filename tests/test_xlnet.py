@@ -914,7 +914,7 @@ def test_xlnet_reads_ordered_streams_only_with_a_memory():
     pretraining streams (PretrainStreams) with reuse_len or bi_data."""
     from minixl.data import OrderedStreams, RandomWindows
     from minixl.xlnet import PretrainStreams
-    from minixl.models import KINDS
+    from minixl.kinds import KINDS
 
     data = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(0)).byte()
     kind = KINDS["xlnet"]

@@ -33,12 +33,12 @@ def kind(model_kind, *, config: dict | None = None, steps: int = 4) -> bool:
 
     config: config fields that replace the tiny preset's (keep the model small: the checks
     train it for `steps` steps on the CPU)."""
-    from ..kinds import _is_kind
+    from ..model_kind import ModelKind
 
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an integer of at least 2 (a run stopped half-way and "
                          f"resumed), got {steps!r}")
-    if not _is_kind(model_kind):
+    if not isinstance(model_kind, ModelKind):
         print(f"FAIL kind: expected a minixl.kinds.ModelKind, got {type(model_kind).__name__}")
         return False
     k = model_kind

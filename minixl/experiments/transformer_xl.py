@@ -62,7 +62,7 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
     import torch
 
     from ..device import autocast, resolve_device
-    from ..models import kind_of
+    from ..kinds import kind_of
     from ..transformer_xl import TransformerXL, TransformerXLConfig
 
     A_list = int_list(lengths, "lengths")
@@ -249,7 +249,7 @@ def hf_xl(preset: str = "xl-base", batch_size: int | None = None, steps: int = 1
     import torch.nn.functional as F
 
     from ..device import autocast, resolve_device
-    from ..models import resolve_preset, with_overrides
+    from ..kinds import resolve_preset, with_overrides
 
     _transfoxl()  # the clear error first
     kind, preset = resolve_preset("xl", preset)

@@ -72,8 +72,7 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
     import torch
 
     from ..evaluation import evaluate
-    from ..kinds import with_overrides
-    from ..models import KINDS
+    from ..kinds import KINDS, with_overrides
 
     seed_list = int_list(seeds, "seeds", 0)
     chosen = _pick(arms, ARMS)
@@ -97,7 +96,8 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
                 reader = kind.build(with_overrides(config, mem_len=mem_len))
                 reader.load_state_dict(model.state_dict())
             T = config.seq_len
-            scores = {name: evaluate(m, held, protocol, seq_len=T, kind=kind).bpc
+            scores = {name: evaluate(m, held, kind.protocol(protocol), seq_len=T,
+                                     kind=kind).bpc
                       for name, m, protocol in (("windows", model, "all-positions"),
                                                 ("memory", reader, "memory"),
                                                 ("infill", model, "infill"))}
@@ -136,7 +136,7 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
     import torch
     import torch.nn.functional as F
 
-    from ..models import KINDS
+    from ..kinds import KINDS
     from ..xlnet import XLNetConfig, training_masks
 
     k_list = int_list(ks, "ks", 1)
@@ -231,7 +231,7 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
 
     from ..data import RandomWindows
     from ..evaluation import evaluate
-    from ..models import KINDS
+    from ..kinds import KINDS
     from ..xlnet import evaluate_infill
 
     seed_list = int_list(seeds, "seeds", 0)
@@ -252,13 +252,14 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
                                      objective, seed, steps)
             keep_row(rows, dict(
                 arm=arm, objective=objective, targets=targets, seed=seed, steps=steps,
-                bpc_infill=round(evaluate(model, held, "infill", seq_len=T, kind=kind).bpc, 4),
+                bpc_infill=round(evaluate(model, held, kind.protocol("infill"), seq_len=T,
+                                        kind=kind).bpc, 4),
                 bpc_infill_independent=round(evaluate_infill(
                     model, held, seq_len=T, reading="independent"), 4),
                 bpc_infill_causal=round(evaluate_infill(model, held, seq_len=T,
                                                         reading="causal"), 4),
-                bpc_left_to_right=round(evaluate(model, held, "all-positions", seq_len=T,
-                                                 kind=kind).bpc, 4),
+                bpc_left_to_right=round(evaluate(model, held, kind.protocol("all-positions"),
+                                                 seq_len=T, kind=kind).bpc, 4),
                 last_train_bpc=round(result.history[-1]["train_bpc"], 4),
                 train_seconds=round(seconds, 1)))
     return rows

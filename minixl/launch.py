@@ -7,9 +7,10 @@ notebook calls it the same way::
     result = run.train()
 
 `run_settings` resolves a kind, a preset and overrides into configs, and `build_model`
-builds the model and its objective from them, seeded once (the benchmark uses both). `setup_run` adds the corpus, the device, the batch source and the held-out measure.
-Both load the book's model kinds (and so every chapter's module) when called, not when
-this module is imported: the loop itself serves Chapter 2 before later chapters exist.
+builds the model and its objective from them, seeded once (the benchmark uses both).
+`setup_run` adds the corpus, the device, the batch source and the held-out measure. This
+module imports the registry, and with it every chapter's module: the chapters import only
+`minixl.training.loop` (Chapter 2 trains before later chapters exist).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..checkpoint import CheckpointError, load_checkpoint
-from ..data import Corpus, load_corpus
-from ..kinds import ModelKind, model_fields, not_for, resolve_preset, with_overrides
-from ..options import flag
-from .loop import TrainConfig, TrainResult, train
-from .run_folder import BEFORE, CHECKPOINT
+from .checkpoint import CheckpointError, load_checkpoint
+from .data import Corpus, load_corpus
+from .device import training_device
+from .evaluation import check_protocol, evaluate
+from .kinds import ModelKind, refuse_foreign, resolve_preset, with_overrides
+from .options import flag
+from .plugins import kind_named
+from .training.loop import TrainConfig, TrainResult, train
+from .training.run_folder import BEFORE, CHECKPOINT
 
 __all__ = ["Settings", "run_settings", "Built", "build_model", "RunSetup", "setup_run",
            "kept_on_resume"]
@@ -70,15 +74,12 @@ def run_settings(model: str | ModelKind | None = None, preset: str | None = None
     overridden where given (None values are ignored). A run set up here decays only weight
     matrices (weight_decay_on="matrices") and uses AdamW's fused kernel (fused=True) unless
     told otherwise."""
-    kind, preset = resolve_preset(getattr(model, "name", model), preset)
+    kind, preset = resolve_preset(kind_named(model) if isinstance(model, str) else model,
+                                  preset)
     model_cfg, train_kw = kind.preset(preset)
     given = {k: v for k, v in (model_settings or {}).items() if v is not None}
-    own = {f.name for f in fields(kind.config)}
-    foreign = [n for n in given if n not in own]
-    if foreign:
-        known = model_fields()
-        raise ValueError(not_for(foreign, [k for n in foreign for k in known.get(n, (0, []))[1]],
-                                 kind.name))
+    refuse_foreign(kind, given, {k: v for k, v in (objective_options or {}).items()
+                                 if v is not None})
     unknown = sorted(set(train_settings or {}) - {f.name for f in fields(TrainConfig)})
     if unknown:
         raise ValueError(f"unknown training settings {', '.join(unknown)}: TrainConfig has "
@@ -150,9 +151,6 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     train split (on the device: batches are cut there), the held-out measure (the kind's
     first evaluation protocol on the valid split, at the training length) and the metadata a
     checkpoint keeps. Bad settings fail here, before any training."""
-    from ..device import training_device
-    from ..evaluation import check_protocol, evaluate
-
     train_settings = dict(train_settings or {}, device=device)
     for k, v in kept_on_resume(out, resume).items():
         if train_settings.get(k) is None:

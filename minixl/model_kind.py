@@ -1,0 +1,229 @@
+"""What a model kind declares: `ModelKind`, `Preset` and `Objective`.
+
+Hand-written glue (not generated). A `ModelKind` holds all that the trainer, the evaluation
+protocols, the benchmark and the command line need to know about a model, so that none of
+them ever asks which model it holds:
+
+- its config class and builder, and the config field of its length;
+- how its batches come: random windows, or ordered streams whose state the trainer carries
+  (for every config, or for those a function of the config picks);
+- its objective (the trainer's next-byte loss unless it says otherwise) and that
+  objective's command-line options;
+- its presets (`Preset`: model sizes, training settings, objective options and a line of
+  help; a paper-scale preset picks its model);
+- its evaluation protocols (the default first) and the config fields `minixl eval` may
+  change for the memory protocol;
+- the parameters that weight decay leaves alone (position tables and learned offsets), its
+  training FLOPs per token for the benchmark, and a line of help for each config field.
+
+The layers point one way: `minixl.evaluation` (protocols) <- this module <-
+`minixl.book_kinds` (the book's five kinds, declared, not registered) <- `minixl.kinds` (the
+registry: KINDS, register, kind_of, presets; the public names students import) <-
+`minixl.plugins` (``--model MODULE:NAME``). Nothing here knows which kinds exist. Every model
+meets the model protocol, ``logits, state = model.step(tokens, state)``, and keeps its config
+as ``model.config`` (a dataclass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from .data import OrderedStreams, RandomWindows
+from .evaluation import PROTOCOLS
+from .options import Option, flag
+
+__all__ = ["Preset", "Objective", "ModelKind", "with_overrides", "not_for"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named setting of a model kind: config fields of the model, TrainConfig fields, the
+    objective's options, and a line of help. A paper-scale preset (paper=True) names its
+    model: `--preset NAME` alone picks it."""
+
+    model: dict
+    train: dict
+    objective: dict = field(default_factory=dict)
+    help: str = ""
+    paper: bool = False
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How a kind trains, if not on the trainer's next-byte loss: build(model_config,
+    **options) returns the objective (a function, or an nn.Module with weights of its own),
+    `options` are its command-line options, and tag(options) is the line a checkpoint keeps
+    so that a resumed run is refused another objective."""
+
+    build: Callable
+    options: tuple[Option, ...] = ()
+    tag: Callable[[dict], str] | None = None
+
+
+# Help for config fields that most models share; a kind's field_help adds or overrides.
+COMMON_FIELD_HELP = {
+    "n_layer": "layers", "d_model": "the model width", "n_head": "attention heads",
+    "d_inner": "the feed-forward width", "dropout": "dropout", "dropatt": "dropout on "
+    "attention weights", "layer_norm_eps": "the layer norms' epsilon",
+}
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """Everything minixl needs to know about one model (see the module docstring)."""
+
+    name: str
+    summary: str
+    config: type  # a dataclass; every field with a default is a command-line flag
+    build: Callable[[object], nn.Module]
+    length: str  # the config field that holds the training length
+    presets: dict[str, Preset]
+    # False: random windows, no state; True: ordered streams, state carried; or a function of
+    # the model's config that says which (XLNet reads streams only when it has a memory)
+    streams: bool | Callable[[object], bool] = False
+    # evaluation protocols, the default first: names of the book's (minixl.evaluation.PROTOCOLS)
+    # or Protocol objects of the kind's own
+    protocols: tuple = ("all-positions", "sliding")
+    objective: Objective | None = None  # None: the trainer's next-byte loss at every position
+    no_decay: tuple[str, ...] = ()  # parameter names (the last part) weight decay leaves alone
+    flops: Callable[[nn.Module], float] | None = None  # training FLOPs per token (None: 6N)
+    eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
+    field_help: dict[str, str] = field(default_factory=dict)
+    source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
+    causal: bool = True  # no position reads a later byte (checked by minixl.check.kind)
+    # a batch source of its own, (data, batch_size, length, *, seed, config) -> (step -> (x,
+    # y, fresh)), in place of the one `streams` picks; config is the model's config, and a
+    # source that returns None for a config leaves the choice to `streams`
+    batch_source: Callable | None = None
+
+    def __post_init__(self):
+        names = {f.name for f in fields(self.config)}
+        wrong = [self.length] if self.length not in names else []
+        wrong += [k for p in self.presets.values() for k in p.model if k not in names]
+        wrong += [k for k in self.eval_overrides if k not in names]
+        if wrong:
+            raise ValueError(f"model kind {self.name!r}: {', '.join(sorted(set(wrong)))} "
+                             f"{'is not a field' if len(wrong) == 1 else 'are not fields'} of "
+                             f"{self.config.__name__}")
+        options = {o.name for o in self.objective.options} if self.objective else set()
+        extra = [k for p in self.presets.values() for k in p.objective if k not in options]
+        if extra:
+            raise ValueError(f"model kind {self.name!r}: a preset sets objective options "
+                             f"{', '.join(sorted(set(extra)))}, which its objective does not take")
+        if not isinstance(self.streams, bool) and not callable(self.streams):
+            raise ValueError(f"model kind {self.name!r}: streams must be True, False or a "
+                             f"function of the model's config, got {self.streams!r}")
+        if not self.protocols or not self.presets:
+            raise ValueError(f"model kind {self.name!r} needs at least one evaluation protocol "
+                             "and one preset")
+        unknown = [p for p in self.protocols if isinstance(p, str) and p not in PROTOCOLS]
+        if unknown:
+            raise ValueError(f"model kind {self.name!r}: unknown evaluation protocol "
+                             f"{', '.join(map(repr, unknown))}: name one of "
+                             f"{', '.join(PROTOCOLS)}, or give a minixl.evaluation.Protocol")
+        if len(set(self.protocol_names)) < len(self.protocols):
+            raise ValueError(f"model kind {self.name!r} names a protocol twice")
+
+    # ---- evaluation
+    @property
+    def protocol_names(self) -> tuple[str, ...]:
+        return tuple(p if isinstance(p, str) else p.name for p in self.protocols)
+
+    def protocol_objects(self) -> tuple:
+        """Its protocols as minixl.evaluation.Protocol objects, the default first."""
+        return tuple(PROTOCOLS[p] if isinstance(p, str) else p for p in self.protocols)
+
+    def protocol(self, name: str | None = None):
+        """The Protocol called `name` (default: its first), or a clear error."""
+        found = {p.name: p for p in self.protocol_objects()}
+        if name is None:
+            return next(iter(found.values()))
+        if name not in found:
+            raise ValueError(f"--protocol {name} does not apply to a --model {self.name} "
+                             f"checkpoint; use {' or '.join(found)}")
+        return found[name]
+
+    # ---- presets
+    def preset(self, name: str) -> tuple[object, dict]:
+        """(model config, TrainConfig settings) of a named preset."""
+        if name not in self.presets:
+            raise ValueError(f"unknown preset {name!r} for --model {self.name}: expected one of "
+                             f"{', '.join(self.presets)}")
+        p = self.presets[name]
+        return self.config(**p.model), dict(p.train)
+
+    @property
+    def scale_preset(self) -> str:
+        """The preset the benchmark reads by default: the paper-scale one, else base, else
+        the last."""
+        papers = [n for n, p in self.presets.items() if p.paper]
+        return papers[0] if papers else "base" if "base" in self.presets else list(self.presets)[-1]
+
+    # ---- the objective
+    def objective_options(self, preset: str, given: dict | None = None) -> dict:
+        """The objective's options: its defaults, then the preset's, then those given (a flag
+        this kind's objective does not take is an error; `minixl.kinds.refuse_foreign`
+        also names the registered kinds that take it)."""
+        given = {k: v for k, v in (given or {}).items() if v is not None}
+        own = self.objective.options if self.objective else ()
+        foreign = [k for k in given if k not in {o.name for o in own}]
+        if foreign:
+            takes = ", ".join(flag(o.name) for o in own) or "no options"
+            raise ValueError(f"{', '.join(map(flag, foreign))}: not an option of --model "
+                             f"{self.name}'s objective, which takes {takes}")
+        preset_options = self.presets[preset].objective if preset in self.presets else {}
+        return {o.name: o.default for o in own} | preset_options | given
+
+    def build_objective(self, model_cfg, options: dict):
+        """The objective to train with (None: the trainer's next-byte loss)."""
+        return self.objective.build(model_cfg, **options) if self.objective else None
+
+    def objective_tag(self, options: dict) -> str | None:
+        """What a checkpoint records of the objective (None: nothing to record)."""
+        return self.objective.tag(options) if self.objective and self.objective.tag else None
+
+    # ---- data and cost
+    def reads_streams(self, model_cfg) -> bool:
+        """Whether a model of this config trains on ordered streams, its state carried."""
+        return bool(self.streams(model_cfg) if callable(self.streams) else self.streams)
+
+    def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
+        """The batch source of this kind: step -> (x, y, fresh)."""
+        length = getattr(model_cfg, self.length)
+        if self.batch_source is not None:
+            own = self.batch_source(data, batch_size, length, seed=seed, config=model_cfg)
+            if own is not None:
+                return own
+        source = _streams if self.reads_streams(model_cfg) else RandomWindows
+        return source(data, batch_size, length, seed=seed)
+
+    def flops_per_token(self, model: nn.Module) -> float:
+        """Training FLOPs per token: the kind's own count, else 6 per weight (2 forward,
+        4 backward), the usual estimate that leaves attention out."""
+        if self.flops is not None:
+            return self.flops(model)
+        return 6.0 * sum(p.numel() for p in model.parameters())
+
+    def help_for(self, field_name: str) -> str:
+        return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
+
+
+def _streams(data, batch_size: int, length: int, *, seed: int):
+    """Ordered streams (their order is the text's: the seed has nothing to choose)."""
+    return OrderedStreams(data, batch_size, length)
+
+
+def not_for(names: list[str], takers, kind: str) -> str:
+    """The message for settings that a kind does not have: which kinds take them."""
+    return (f"{', '.join(map(flag, names))} appl{'ies' if len(names) == 1 else 'y'} to --model "
+            f"{' or '.join(sorted(set(takers))) or '(none)'}, not --model {kind}")
+
+
+def with_overrides(cfg, **overrides):
+    """A copy of a dataclass config with the non-None overrides applied (validated again)."""
+    names = {f.name for f in fields(cfg)}
+    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None and k in names})
