@@ -88,6 +88,7 @@ _NAMES = {
     'check_protocol': 'evaluation',
     'check_rule': 'segtree',
     'check_sampling_args': 'char_transformer',
+    'check_score': 'scoring',
     'decay_groups': 'training',
     'decays': 'training',
     'default_attention': 'char_transformer',
@@ -138,6 +139,7 @@ _NAMES = {
     'project_memory': 'transformer_xl',
     'refuse_foreign': 'kinds',
     'register': 'kinds',
+    'registered': 'kinds',
     'rel_gather': 'xlnet',
     'rel_scores': 'transformer_xl',
     'rel_scores_naive': 'transformer_xl',
@@ -149,6 +151,7 @@ _NAMES = {
     'resolve_preset': 'kinds',
     'run_settings': 'launch',
     'sample_next': 'char_transformer',
+    'score': 'scoring',
     'segtree_attention_dense': 'segtree',
     'segtree_graph': 'segtree',
     'setup_run': 'launch',
@@ -180,8 +183,8 @@ _NAMES = {
 _MODULES = (
     'aux_losses', 'bench', 'book_kinds', 'char_transformer', 'check', 'checkpoint',
     'cli', 'data', 'device', 'evaluation', 'experiments', 'kinds', 'launch',
-    'model_kind', 'models', 'options', 'plugins', 'relative_attention', 'segtree',
-    'training', 'transformer_xl', 'xlnet',
+    'model_kind', 'models', 'options', 'plugins', 'relative_attention', 'scoring',
+    'segtree', 'training', 'transformer_xl', 'xlnet',
 )
 __all__ = sorted(_NAMES) + list(_MODULES)
 

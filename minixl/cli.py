@@ -6,9 +6,11 @@ come from the registered model kinds (`minixl.kinds`; `--model MODULE:NAME` load
 your own), and `minixl bench --suite NAME` runs an entry of the registry of runs
 (`minixl.experiments`) with that entry's own options.
 
-Exit codes: 0 done; 2 bad input (one line says what was wrong and what is expected);
-3 training diverged (the last good checkpoint is kept); 130 and 143 stopped by SIGINT
-(Ctrl-C) and SIGTERM after saving a checkpoint of the last finished step.
+Exit codes (`exit_code`, the one place that maps errors to them): 0 done; 2 bad input (one
+line says what was wrong and what is expected); 3 training diverged (the last good
+checkpoint is kept); 4 the run folder could not be written (the last checkpoint is kept);
+130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM, after saving a checkpoint of the last
+finished step when training (a training error carries its code as `exit_code`).
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ from .char_transformer import generate
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
-from .evaluation import PROTOCOLS, evaluate
+from .evaluation import PROTOCOLS
 from .kinds import (DEFAULT_MODEL, KINDS, model_fields, model_from_checkpoint, paper_presets,
-                    resolve_preset, with_overrides)
+                    resolve_preset)
 from .options import CHECKPOINT, CORPUS, DEVICE, Option, add_options, flag, parent
 from .plugins import kind_named, load_kind
 
 __all__ = ["main", "build_parser"]
 
-ERRORS = (ValueError, CheckpointError, DownloadError, OSError)
+ERRORS = (ValueError, CheckpointError, DownloadError, OSError)  # bad input: exit code 2
 EPILOG = ("exit codes: 0 done, 2 bad input, 3 training diverged, 4 the run folder could not "
           "be written (disk full, file too large, no permission, I/O error; the last checkpoint "
           "is kept), 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)")
@@ -58,6 +60,26 @@ TRAIN_OPTIONS = (
     Option("ckpt_every", int, None, "checkpoint every N steps"),
     Option("log_every", int, None, "a metrics.csv row every N steps"),
 )
+
+
+def exit_code(err: BaseException) -> int | None:
+    """The exit code of an error that minixl reports in one line, or None for one it does not
+    know (a bug: its traceback is shown)."""
+    if isinstance(err, ERRORS):
+        return 2
+    if isinstance(err, KeyboardInterrupt):
+        return 130
+    return getattr(err, "exit_code", None)  # the trainer's: diverged, save failed, a signal
+
+
+def _report(command: str, err: BaseException) -> str:
+    """The one line that says why `minixl COMMAND` ended with err."""
+    if isinstance(err, ERRORS):
+        return f"minixl {command}: error: {err}"
+    if isinstance(err, KeyboardInterrupt):
+        return (f"minixl {command}: interrupted; nothing was saved (a checkpoint already on "
+                "disk is unchanged)")
+    return f"minixl {command}: {err}"
 
 
 def _given(args, names) -> dict:
@@ -128,32 +150,24 @@ def _default_out(kind, preset: str) -> str:
 # ---------------------------------------------------------------- train
 
 def cmd_train(args) -> int:
-    from .training import SaveFailed, TrainingDiverged, TrainingInterrupted
     from .training.distributed import process_group
 
-    # Under torchrun every process runs this; the process group is held for the whole command,
-    # so that a refusal is said once, by rank 0, before any process leaves.
+    # Under torchrun every process runs this; the process group is held for the whole command
+    # (and handed to the trainer), so that a refusal is said once, by rank 0, before any
+    # process leaves.
     with process_group(args.device) as ranks:
         try:
             return _train(args, ranks)
-        except ERRORS as err:
+        except Exception as err:
+            code = exit_code(err)
+            if code is None:
+                raise
+            if code > 128:  # stopped by a signal, the checkpoint saved: let us exit
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, signal.SIG_IGN)
             if ranks.rank == 0:
-                print(f"minixl train: error: {err}", file=sys.stderr)
-            return 2
-        except TrainingInterrupted as err:
-            for signum in (signal.SIGINT, signal.SIGTERM):  # the checkpoint is saved: let us exit
-                signal.signal(signum, signal.SIG_IGN)
-            if ranks.rank == 0:
-                print(f"minixl train: {err}", file=sys.stderr)
-            return 128 + err.signum
-        except TrainingDiverged as err:
-            if ranks.rank == 0:
-                print(f"minixl train: {err}", file=sys.stderr)
-            return 3
-        except SaveFailed as err:
-            if ranks.rank == 0:
-                print(f"minixl train: {err}", file=sys.stderr)
-            return 4
+                print(_report("train", err), file=sys.stderr)
+            return code
 
 
 def _train(args, ranks) -> int:
@@ -181,7 +195,7 @@ def _train(args, ranks) -> int:
         f" (torchrun: {ranks.world} processes, each {cfg.batch_size // ranks.world} of the "
         f"{cfg.batch_size} sequences of a step)" if ranks.world > 1 else " (one process)") + (
         f", {cfg.grad_accum} micro-batches per step" if cfg.grad_accum > 1 else ""), flush=True)
-    result = run.train(progress=not args.no_progress)
+    result = run.train(progress=not args.no_progress, ranks=ranks)
     if ranks.rank:
         return 0
     print(f"corpus: {run.corpus.description}")
@@ -226,31 +240,13 @@ def cmd_sample(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from .scoring import check_score, score
+
     device = resolve_device(args.device)
     ckpt, model, kind = _checkpoint_model(args, device)
-    protocol = kind.protocol(args.protocol)
-    overrides = _given(args, [o.name for o in _eval_overrides()])
-    foreign = [n for n in overrides if n not in kind.eval_overrides]
-    if foreign:
-        takers = _kinds_that(lambda k: set(foreign) <= set(k.eval_overrides)).replace(", ", " or ")
-        verb = "applies" if len(foreign) == 1 else "apply"
-        raise ValueError(f"{', '.join(map(flag, foreign))} {verb} to --model {takers} "
-                         f"checkpoints, not to a --model {kind.name} checkpoint")
-    ways = kind.protocol_objects()
-    if overrides and not protocol.streams:
-        raise ValueError(f"{', '.join(map(flag, overrides))} apply to --protocol "
-                         f"{' or '.join(p.name for p in ways if p.streams)}; the window "
-                         "protocols take --seq-len")
-    if args.stride is not None and not protocol.stride:
-        raise ValueError(f"--stride applies to --protocol "
-                         f"{' or '.join(p.name for p in ways if p.stride) or '(none of this kind)'}"
-                         f", not --protocol {protocol.name}")
-    if args.seq_len is not None and protocol.streams:
-        raise ValueError(f"--seq-len applies to the window protocols; with {protocol.name}, "
-                         "the model's own settings (" + ", ".join(
-                             map(flag, kind.eval_overrides)) + ")")
-    model.config = with_overrides(model.config, **overrides)  # validated by the config itself
-    seq_len = getattr(model.config, kind.length) if args.seq_len is None else args.seq_len
+    settings = dict(protocol=args.protocol, seq_len=args.seq_len, stride=args.stride,
+                    **_given(args, [o.name for o in _eval_overrides()]))
+    check_score(model, kind, **settings)  # before the corpus is read
     if args.max_bytes is not None and args.max_bytes < 2:
         raise ValueError(f"--max-bytes must be at least 2, got {args.max_bytes}")
     source = args.corpus or (ckpt["meta"].get("corpus") or {}).get("source")
@@ -258,8 +254,7 @@ def cmd_eval(args) -> int:
         raise ValueError(f"{args.checkpoint} does not say which corpus it was trained on; "
                          "pass --corpus")
     data = getattr(load_corpus(source), args.split)[:args.max_bytes]
-    result = evaluate(model, data, protocol, seq_len=seq_len, stride=args.stride,
-                      batch_size=args.batch_size, kind=kind)
+    result = score(model, data, kind, batch_size=args.batch_size, **settings)
     print(f"{source} {args.split}: {result}")
     return 0
 
@@ -284,19 +279,18 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _suite(argv: list[str]) -> int:
-    """`minixl bench --suite NAME [options]`: the registry's entry NAME, with its options."""
+def _suite(args) -> int:
+    """`minixl bench --suite NAME [options]`: the registry's entry NAME, with its options
+    (all that follows --suite; the benchmark's own options do not apply)."""
     from .experiments import main as run_entry
 
-    rest, name = argv[1:], []
-    for i, a in enumerate(rest):
-        if a.startswith("--suite="):
-            name, rest = [a.partition("=")[2]], rest[:i] + rest[i + 1:]
-            break
-        if a == "--suite":
-            name, rest = rest[i + 1:i + 2], rest[:i] + rest[i + 2:]
-            break
-    return run_entry(name + rest, prog="minixl bench --suite", say="minixl bench")
+    own = {k: v for k, v in vars(args).items() if k not in ("suite", "func")}
+    if own != {k: v for k, v in vars(build_parser().parse_args(["bench"])).items()
+               if k not in ("suite", "func")}:
+        raise ValueError("--suite NAME runs an entry of the registry of runs with its own "
+                         "options: put them after the name (minixl bench --suite NAME "
+                         "--OPTION ...; minixl bench --suite NAME --help lists them)")
+    return run_entry(args.suite, prog="minixl bench --suite", say="minixl bench")
 
 
 # ---------------------------------------------------------------- the parser
@@ -363,43 +357,38 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     b.add_argument("--peak-tflops", type=float, help="the device's peak, if minixl does not "
                    "know it")
-    b.add_argument("--suite", choices=list(EXPERIMENTS), help="run an entry of the registry of "
-                   "runs instead, with its own options (minixl bench --suite NAME --help): "
-                   + "; ".join(f"{n}: {x.summary}" for n, x in EXPERIMENTS.items()))
+    b.add_argument("--suite", nargs=argparse.REMAINDER, metavar="NAME [OPTION ...]",
+                   help="run an entry of the registry of runs instead, with its own options, "
+                   "all that follows NAME (minixl bench --suite NAME --help): " + "; ".join(
+                       f"{n}: {x.summary}" for n, x in EXPERIMENTS.items()))
     b.set_defaults(func=cmd_bench)
     return p
 
 
-def _preload(argv: list[str]) -> None:
-    """Import the models of your own that --model MODULE:NAME names, so that the parser knows
-    their settings."""
-    for i, a in enumerate(argv):
-        value = argv[i + 1] if a == "--model" and i + 1 < len(argv) else (
-            a.partition("=")[2] if a.startswith("--model=") else None)
-        if value and ":" in value:
-            load_kind(value)
+def _load_own_kinds(argv: list[str]) -> None:
+    """Load the model of your own that --model MODULE:NAME names, so that the parser that
+    follows knows its settings and presets."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--model")
+    model = early.parse_known_args(argv)[0].model
+    if model and ":" in model:
+        load_kind(model)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else "minixl"
-    if command == "bench" and any(a == "--suite" or a.startswith("--suite=") for a in argv):
-        return _suite(argv)
     try:
-        _preload(argv)
-    except ERRORS as err:
-        print(f"minixl {command}: error: {err}", file=sys.stderr)
-        return 2
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except ERRORS as err:
-        print(f"minixl {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"minixl {args.command}: interrupted; nothing was saved (a checkpoint already on "
-              "disk is unchanged)", file=sys.stderr)
-        return 130
+        _load_own_kinds(argv)
+        args = build_parser().parse_args(argv)
+        command = args.command
+        return _suite(args) if getattr(args, "suite", None) is not None else args.func(args)
+    except (Exception, KeyboardInterrupt) as err:
+        code = exit_code(err)
+        if code is None:
+            raise
+        print(_report(command, err), file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ one of them, as the trainer (held-out bpc) and `minixl eval` do. The book's four
 
 Which protocols suit a model is a fact of its kind (`minixl.kinds.ModelKind.protocols`,
 names of these or Protocol objects of its own): `evaluate` takes a Protocol, which callers
-ask the kind for (`kind.protocol(name)`), and checks it against the kind when given one.
+ask the kind for (`kind.protocol(name)`), and the kind, which must declare it.
 Nothing here knows the kinds or guesses one from a model, and nothing in the trainer and the
 command line asks which protocol it holds. The book's protocols import their chapter's code
 when they run (no chapter imports this module), so that importing it loads no chapter.
@@ -139,11 +139,10 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
 )}
 
 
-def check_protocol(protocol: Protocol, seq_len: int, *, what: str = "seq_len",
-                   kind=None) -> Protocol:
+def check_protocol(protocol: Protocol, seq_len: int, *, kind, what: str = "seq_len") -> Protocol:
     """The protocol, after a clear error when it cannot score windows (or segments) of
-    seq_len, or when the model's kind (a ModelKind, if given) does not declare it; `what`
-    names the setting that gave seq_len."""
+    seq_len, or when the model's kind (a ModelKind) does not declare it; `what` names the
+    setting that gave seq_len."""
     if not isinstance(protocol, Protocol):
         raise TypeError(f"expected a minixl.evaluation.Protocol, got {protocol!r}: ask the "
                         "model's kind for one by name, kind.protocol('all-positions'), or "
@@ -152,20 +151,20 @@ def check_protocol(protocol: Protocol, seq_len: int, *, what: str = "seq_len",
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     if protocol.check is not None:
         protocol.check(seq_len, what)
-    if kind is not None and protocol.name not in kind.protocol_names:
+    if protocol.name not in kind.protocol_names:
         raise ValueError(f"a --model {kind.name} model cannot be scored by the {protocol.name} "
                          f"protocol ({protocol.help}): its kind declares "
                          f"{', '.join(kind.protocol_names)}")
     return protocol
 
 
-def evaluate(model: nn.Module, data: torch.Tensor, protocol: Protocol, *, seq_len: int,
-             stride: int | None = None, batch_size: int = 64, kind=None) -> Evaluation:
-    """Bits per byte of data [N] under a protocol (kind.protocol(name), or one of PROTOCOLS).
+def evaluate(model: nn.Module, data: torch.Tensor, protocol: Protocol, *, kind, seq_len: int,
+             stride: int | None = None, batch_size: int = 64) -> Evaluation:
+    """Bits per byte of data [N] under a protocol (kind.protocol(name), or one of PROTOCOLS)
+    that the model's kind (a ModelKind) declares.
 
     seq_len is the window, or the segment length for a protocol that reads streams;
-    batch_size is windows per forward pass, or at most that many streams; kind: the model's
-    ModelKind, if given, must declare the protocol (the trainer and `minixl eval` give it).
+    batch_size is windows per forward pass, or at most that many streams.
     """
     p = check_protocol(protocol, seq_len, kind=kind)
     if not isinstance(batch_size, int) or batch_size < 1:

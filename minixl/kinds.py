@@ -5,7 +5,9 @@ Hand-written glue (not generated). `KINDS` starts as the book's five (`minixl.bo
 imported here, so it is never half-filled) and `register` adds yours. The names a student
 uses are all here: `ModelKind`, `Preset` and `Objective` (declared in `minixl.model_kind`),
 `register`, `kind_of`. A kind in a module of your own that is not registered yet is loaded by
-``--model MODULE:NAME`` (`minixl.plugins`, the layer above this one).
+``--model MODULE:NAME`` (`minixl.plugins`, the layer above this one). The registry lives in
+this module's KINDS: `importlib.reload(minixl.kinds)` would start it afresh, with the book's
+kinds only (reload your own module instead: its kinds replace themselves).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .checkpoint import CheckpointError, load_checkpoint, saved_config
 from .model_kind import ModelKind, Objective, Preset, not_for, with_overrides
 
 __all__ = ["ModelKind", "Preset", "Objective", "KINDS", "DEFAULT_MODEL", "register", "kind_of",
-           "paper_presets", "resolve_preset", "model_fields", "with_overrides",
+           "registered", "paper_presets", "resolve_preset", "model_fields", "with_overrides",
            "refuse_foreign", "model_from_checkpoint"]
 
 BOOK_ORIGIN = "minixl.book_kinds"
@@ -57,9 +59,10 @@ def register(*kinds: ModelKind, replace: bool = False, origin: str | None = None
         raise ValueError(f"register() was given two model kinds called {twice[0]!r}")
     for kind in kinds:
         old = KINDS.get(kind.name)
-        if old is not None and old is not kind and not replace and ORIGINS[kind.name] != origin:
+        if old is not None and old is not kind and not replace and (
+                ORIGINS.get(kind.name) != origin):
             raise ValueError(f"a model kind called {kind.name!r} is registered already "
-                             f"(declared in {old.source or ORIGINS[kind.name]}); give yours "
+                             f"(from {old.source or ORIGINS.get(kind.name)}); give yours "
                              "another name, or register(kind, replace=True) to take its place")
     for kind in kinds:
         KINDS[kind.name] = kind
@@ -79,6 +82,17 @@ def kind_of(name: str) -> ModelKind:
                      "MODULE:NAME for a ModelKind of your own")
 
 
+def registered(kind: ModelKind) -> ModelKind:
+    """The kind, after a clear error if it is not the one registered under its name (a run
+    of it could not be read back: a checkpoint names its kind)."""
+    if KINDS.get(kind.name) is not kind:
+        taken = "another kind is registered under that name" if kind.name in KINDS else (
+            "it is not registered")
+        raise ValueError(f"model kind {kind.name!r}: {taken}; register(kind) first (or "
+                         "register(kind, replace=True) to take the name)")
+    return kind
+
+
 def paper_presets() -> dict[str, str]:
     """Paper-scale preset -> the model it belongs to, over every registered kind."""
     return {name: kind.name for kind in KINDS.values()
@@ -91,6 +105,8 @@ def resolve_preset(model: ModelKind | str | None, preset: str | None) -> tuple[M
     preset to tiny."""
     preset = "tiny" if preset is None else preset
     kind = kind_of(model) if isinstance(model, str) else model
+    if kind is not None:
+        registered(kind)
     papers = paper_presets()
     if preset in papers:
         own = papers[preset]

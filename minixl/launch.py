@@ -26,7 +26,7 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .data import Corpus, load_corpus
 from .device import training_device
 from .evaluation import check_protocol, evaluate
-from .kinds import ModelKind, refuse_foreign, resolve_preset, with_overrides
+from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_overrides
 from .options import flag
 from .plugins import kind_named
 from .training.loop import TrainConfig, TrainResult, train
@@ -66,6 +66,15 @@ class Settings:
     objective_options: dict
 
 
+def _resolved(model: str | ModelKind | None, preset: str | None) -> tuple[ModelKind, str]:
+    """(kind, preset): a kind given with one of its own presets is what a caller (the command
+    line) resolved already, taken as it is; a name (registered, or MODULE:NAME) or None goes
+    through the registry's rules, once."""
+    if isinstance(model, ModelKind) and preset in model.presets:
+        return registered(model), preset
+    return resolve_preset(kind_named(model) if isinstance(model, str) else model, preset)
+
+
 def run_settings(model: str | ModelKind | None = None, preset: str | None = None, *,
                  model_settings: dict | None = None, train_settings: dict | None = None,
                  objective_options: dict | None = None) -> Settings:
@@ -74,8 +83,7 @@ def run_settings(model: str | ModelKind | None = None, preset: str | None = None
     overridden where given (None values are ignored). A run set up here decays only weight
     matrices (weight_decay_on="matrices") and uses AdamW's fused kernel (fused=True) unless
     told otherwise."""
-    kind, preset = resolve_preset(kind_named(model) if isinstance(model, str) else model,
-                                  preset)
+    kind, preset = _resolved(model, preset)
     model_cfg, train_kw = kind.preset(preset)
     given = {k: v for k, v in (model_settings or {}).items() if v is not None}
     refuse_foreign(kind, given, {k: v for k, v in (objective_options or {}).items()
@@ -94,8 +102,13 @@ def build_model(model: str | ModelKind | None = None, preset: str | None = None,
                 model_settings: dict | None = None, train_settings: dict | None = None,
                 objective_options: dict | None = None) -> Built:
     """The model and objective of run_settings(...), seeded once with the run's seed."""
-    s = run_settings(model, preset, model_settings=model_settings,
-                     train_settings=train_settings, objective_options=objective_options)
+    return _build(run_settings(model, preset, model_settings=model_settings,
+                               train_settings=train_settings,
+                               objective_options=objective_options))
+
+
+def _build(s: Settings) -> Built:
+    """The model and objective of settings, seeded once with the run's seed."""
     torch.manual_seed(s.config.seed)  # the model's weights, then the objective's own
     net = s.kind.build(s.model_config)
     return Built(s.kind, s.preset, net, s.kind.build_objective(s.model_config,
@@ -133,12 +146,14 @@ class RunSetup:
     overwrite: bool = False
     allow_change: tuple[str, ...] = ()
 
-    def train(self, *, progress: bool = True) -> TrainResult:
+    def train(self, *, progress: bool = True, ranks=None) -> TrainResult:
+        """Run it; ranks: the process group a caller holds open (the command line's), else
+        the trainer opens one for the run."""
         b = self.built
         return train(b.model, b.config, batches=self.batches, objective=b.objective,
                      held_out=self.held_out, out=self.out, resume=self.resume,
                      overwrite=self.overwrite, allow_change=self.allow_change, meta=self.meta,
-                     progress=progress, no_decay=b.kind.no_decay)
+                     progress=progress, no_decay=b.kind.no_decay, ranks=ranks)
 
 
 def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *,
@@ -155,8 +170,9 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     for k, v in kept_on_resume(out, resume).items():
         if train_settings.get(k) is None:
             train_settings[k] = v
-    built = build_model(model, preset, model_settings=model_settings,
-                        train_settings=train_settings, objective_options=objective_options)
+    built = _build(run_settings(model, preset, model_settings=model_settings,
+                                train_settings=train_settings,
+                                objective_options=objective_options))
     kind, cfg, length = built.kind, built.config, built.length
     protocol = check_protocol(kind.protocol(), length, what=flag(kind.length), kind=kind)
     # (found now, not after training)

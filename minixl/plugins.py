@@ -17,7 +17,7 @@ import sysconfig
 import traceback
 from dataclasses import replace
 
-from .kinds import KINDS, ModelKind, kind_of, register
+from .kinds import KINDS, ORIGINS, ModelKind, kind_of, register
 
 __all__ = ["load_kind", "kind_named"]
 
@@ -72,7 +72,10 @@ def load_kind(spec: str) -> ModelKind:
     old = KINDS.get(kind.name)
     if old is not None and old.source == spec:
         return old
-    return register(replace(kind, source=spec), origin=module.__name__)
+    # registered already (by a notebook, or by the module that declared it, which `module`
+    # only re-exports): the same kind, now with its source, replaces itself
+    origin = ORIGINS.get(kind.name) if old is kind else module.__name__
+    return register(replace(kind, source=spec), origin=origin)
 
 
 def _not_found(module_name: str, err: ModuleNotFoundError) -> str:

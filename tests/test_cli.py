@@ -163,7 +163,7 @@ def test_infill_needs_a_model_that_sees_both_sides(char_run, small_corpus):
         char.protocol("infill")
     with pytest.raises(TypeError, match="expected a minixl.evaluation.Protocol, got 'infill': "
                                         "ask the model's kind"):
-        evaluate(model, data, "infill", seq_len=32)
+        evaluate(model, data, "infill", seq_len=32, kind=char)
 
 
 @pytest.mark.parametrize("kind", ["xlnet", "segtree"])
@@ -314,6 +314,9 @@ BAD = [
     (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),
     (["train", "--model", "xlnet", "--block-size", "32"], None,
      "--block-size applies to --model char or segtree or shaw, not --model xlnet"),
+    (["bench", "--steps", "3", "--suite", "models"], None,
+     "--suite NAME runs an entry of the registry of runs with its own options: put them after "
+     "the name"),
 ]
 
 
@@ -340,6 +343,47 @@ def test_bad_input_gives_one_clear_line_and_exit_2(argv, make, message, char_run
         assert ckpt.read_bytes() == before  # a refusal changes nothing on disk
     if argv[0] == "train" and make is None:
         assert not run.exists() and not (tmp_path / "runs").exists()  # no folder was made
+
+
+def test_the_eval_rules_hold_from_python_too(char_run, xl_run, small_corpus):
+    """minixl.score is `minixl eval` from Python: the same refusals, and an override of the
+    memory lasts for the call only."""
+    from minixl.scoring import score
+
+    data = load_corpus(str(small_corpus)).valid[:3000]
+    char = model_from_checkpoint(char_run / "checkpoint.pt")
+    for settings, said in (
+            (dict(stride=2), "--stride applies to --protocol sliding, not --protocol "
+                             "all-positions"),
+            (dict(mem_len=8), "--mem-len applies to --model xl or xlnet checkpoints, not to a "
+                              "--model char checkpoint"),
+            (dict(protocol="memory"), "--protocol memory does not apply to a --model char")):
+        with pytest.raises(ValueError, match=said):
+            score(char, data, KINDS["char"], **settings)
+    got = score(char, data, KINDS["char"], protocol="sliding", stride=16)
+    assert got.protocol == "sliding" and "the last 16 positions of each scored" in got.how
+    xl = model_from_checkpoint(xl_run / "checkpoint.pt")
+    trained = xl.config
+    with pytest.raises(ValueError, match="--seq-len applies to the window protocols; with "
+                                         "memory, the model's own settings"):
+        score(xl, data, KINDS["xl"], protocol="memory", seq_len=16)
+    with pytest.raises(ValueError, match="--mem-len apply to --protocol memory"):
+        score(xl, data, KINDS["xl"], protocol="all-positions", mem_len=4)
+    got = score(xl, data, KINDS["xl"], protocol="memory", mem_len=4)
+    assert got.how.endswith("memory of 4") and xl.config is trained
+
+
+def test_one_mapping_from_errors_to_exit_codes():
+    import signal as signals
+
+    from minixl.cli import exit_code
+    from minixl.training import SaveFailed, TrainingDiverged, TrainingInterrupted
+
+    assert [exit_code(e) for e in (
+        ValueError("bad"), OSError("disk"), TrainingDiverged(5, 1e-3, "none"),
+        SaveFailed("full"), TrainingInterrupted(signals.SIGINT, 2, Path("c.pt")),
+        TrainingInterrupted(signals.SIGTERM, 2, Path("c.pt")), KeyboardInterrupt(),
+        RuntimeError("a bug"))] == [2, 2, 3, 4, 130, 143, 130, None]
 
 
 # ---------------------------------------------------------------- run folders

@@ -86,7 +86,7 @@ def test_both_command_lines_offer_every_entry_and_every_entry_a_tiny_setting_her
     assert list(entries) == list(EXPERIMENTS) == list(TINY)
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     suite = next(a for a in bench._actions if a.dest == "suite")
-    assert list(suite.choices) == list(EXPERIMENTS)
+    assert all(f"{name}: " in suite.help for name in EXPERIMENTS)  # bench --suite lists them
     for entry in EXPERIMENTS.values():
         assert entry.csv.startswith("book/") and entry.csv.endswith(".csv"), entry.name
         flags = {a.option_strings[0] for a in entries[entry.name]._actions if a.option_strings}

@@ -167,12 +167,39 @@ def test_a_model_of_ones_own_from_python(tmp_path, small_corpus):
         assert result.steps == 4 and 0 < result.valid_bpc < 9
         assert run.meta["kind"] == "bigram" and "objective" not in run.meta
         with pytest.raises(ValueError, match="a model kind called 'bigram' is registered "
-                                             "already \\(declared in test_plugin\\)"):
+                                             "already \\(from test_plugin\\)"):
             minixl.kinds.register(ModelKind("bigram", "another", BigramConfig, Bigram,
                                             "block_size", BIGRAM.presets), origin="elsewhere")
         with pytest.raises(ValueError, match="--max-relative applies to --model shaw, not "
                                              "--model bigram"):
             minixl.setup_run("bigram", model_settings={"max_relative": 4})
+    finally:
+        kinds.KINDS.pop("bigram", None)
+
+
+def test_a_kind_that_is_not_the_registered_one_is_refused_before_training():
+    import minixl
+    from minixl import kinds
+
+    with pytest.raises(ValueError, match="model kind 'char': another kind is registered under "
+                                         "that name; register\\(kind\\) first"):
+        minixl.setup_run(replace(kinds.KINDS["char"], summary="mine"), "tiny")
+    with pytest.raises(ValueError, match="model kind 'bigram': it is not registered"):
+        minixl.setup_run(BIGRAM)
+
+
+def test_a_kind_registered_elsewhere_loads_by_module_and_name(monkeypatch):
+    """A notebook registers a kind, then names it as MODULE:NAME (the command line in a
+    cell): the same kind, now with its source, replaces itself; it is not refused."""
+    from minixl import kinds
+    from minixl.plugins import load_kind
+
+    monkeypatch.syspath_prepend(str(HERE))
+    try:
+        kinds.register(BIGRAM, origin="__main__")
+        found = load_kind("test_plugin:BIGRAM")
+        assert kinds.KINDS["bigram"] is found and found.source == "test_plugin:BIGRAM"
+        assert kinds.ORIGINS["bigram"] == "__main__"
     finally:
         kinds.KINDS.pop("bigram", None)
 
@@ -270,7 +297,7 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
         before = dict(kinds.KINDS)
         fresh = replace(second, name="fresh")
         clash = replace(book["char"], summary="another char")
-        with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
+        with pytest.raises(ValueError, match="'char' is registered already \\(from "
                                              "minixl.book_kinds\\); give yours another name, "
                                              "or register\\(kind, replace=True\\)"):
             kinds.register(fresh, clash, origin="other_module")
@@ -291,7 +318,7 @@ def test_a_kind_made_from_the_books_by_replace_does_not_take_its_name_silently()
     from minixl import kinds
 
     mine = replace(kinds.KINDS["char"], summary="my char")  # registered from here
-    with pytest.raises(ValueError, match="'char' is registered already \\(declared in "
+    with pytest.raises(ValueError, match="'char' is registered already \\(from "
                                          "minixl.book_kinds\\)"):
         kinds.register(mine)
     assert kinds.KINDS["char"].summary != "my char"
@@ -326,7 +353,8 @@ def test_a_kind_s_protocol_and_batch_source_serve_python_too(small_corpus):
         result = run.train(progress=False)
         assert ASKED == [0, 1, 2]  # the kind's own batch source fed the trainer
         model, valid = result.model, run.corpus.valid
-        by_name = evaluate(model, valid, LASTBYTE.protocol("last-byte"), seq_len=32)
+        by_name = evaluate(model, valid, LASTBYTE.protocol("last-byte"), seq_len=32,
+                           kind=LASTBYTE)
         assert by_name.protocol == "last-byte" and by_name.bpc == pytest.approx(result.valid_bpc)
         with pytest.raises(ValueError, match=r"cannot be scored by the sliding protocol .*: its "
                                              "kind declares last-byte, all-positions"):
@@ -503,7 +531,7 @@ TABLE = register(ModelKind(
     "run = minixl.setup_run('table', corpus=CORPUS, device='cpu')\n"
     "result = run.train(progress=False)\n"
     "found = evaluate(result.model, run.corpus.valid, TABLE.protocol('second-half'), "
-    "seq_len=16)\n"
+    "seq_len=16, kind=TABLE)\n"
     "print(found.protocol, found.bpc == result.valid_bpc)",
     "from minixl import check\nprint('all passed:', check.kind(TABLE))",
 ]

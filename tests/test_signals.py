@@ -75,7 +75,7 @@ def _library_run(kind, out, steps=12, *, resume=False, on_batch=None, on_eval=No
     def held_out(m, n_bytes):
         if on_eval:
             on_eval(n_bytes)
-        return evaluate(m, STREAM, k.protocol(), seq_len=8, batch_size=4).bpc
+        return evaluate(m, STREAM, k.protocol(), seq_len=8, batch_size=4, kind=k).bpc
 
     cfg = TrainConfig(steps=steps, batch_size=4, lr=3e-3, warmup=2, seed=3, log_every=1,
                       eval_every=3, ckpt_every=ckpt_every, device="cpu")

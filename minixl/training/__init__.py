@@ -7,7 +7,8 @@ preset is `minixl.launch` (above the kinds; this package sits below the chapters
 can be skipped on a first reading:
 
 - `optim.py`: AdamW and its weight-decay groups;
-- `run_folder.py`: checkpoints, metrics.csv and loss.png, resuming;
+- `run_folder.py`: checkpoints, resuming, and writing metrics.csv and loss.png;
+- `metrics.py`: the loss meter, metrics.csv's rows and loss.png;
 - `signals.py`: stopping after a whole step on Ctrl-C or SIGTERM;
 - `distributed.py`: several processes under torchrun;
 - `state.py`: a model's state of any shape, split, moved and saved.
@@ -15,7 +16,8 @@ can be skipped on a first reading:
 
 from .loop import Net, TrainConfig, TrainResult, next_byte_objective, train, train_step
 from .optim import decay_groups, decays, make_optimizer
-from .run_folder import SaveFailed, TrainingDiverged
+from .metrics import TrainingDiverged
+from .run_folder import SaveFailed
 from .signals import TrainingInterrupted
 
 __all__ = ["TrainConfig", "TrainResult", "TrainingInterrupted", "TrainingDiverged", "SaveFailed",

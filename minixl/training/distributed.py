@@ -9,7 +9,7 @@ CUDA with process r on cuda:LOCAL_RANK. Control messages (the stop flag, rank 0'
 go over gloo, on the CPU, so they never wait for the GPU; the window sums and the memory go
 over the device's own group. The group is opened once per command (`process_group`, which
 `minixl train` holds for the whole command, so that rank 0 says why a run was refused
-before any process leaves) and closed by all processes together.
+before any process leaves, and hands to the trainer) and closed by all processes together.
 """
 
 from __future__ import annotations
@@ -126,22 +126,14 @@ class ProcessGroup:
         return states.map_tensors(gather, state)
 
 
-_OPEN: list[ProcessGroup] = []  # the group a command holds open, if any
-
-
 @contextlib.contextmanager
 def process_group(device_name: str):
-    """The process group for a command or a run: the one already held open, or a new one,
-    closed (all processes together) when the block ends."""
-    if _OPEN:
-        yield _OPEN[-1]
-        return
+    """The process group for a command or a run, closed (all processes together) when the
+    block ends. Its owner hands it down (`train(..., ranks=...)`): nothing looks it up."""
     group = ProcessGroup(device_name)
-    _OPEN.append(group)
     try:
         yield group
     finally:
-        _OPEN.pop()
         group.close()
 
 

@@ -35,9 +35,10 @@ from ..checkpoint import CheckpointError
 from ..data import step_seed
 from ..device import autocast, distributed_env
 from . import state as states
-from .distributed import process_group, wrap_ddp
+from .distributed import ProcessGroup, process_group, wrap_ddp
 from .optim import DECAY_ON, make_optimizer
-from .run_folder import CHECKPOINT, RunFolder, SaveFailed, TrainingDiverged, Window, restore
+from .metrics import LossMeter, TrainingDiverged
+from .run_folder import CHECKPOINT, RunFolder, SaveFailed, restore
 from .signals import StopNow, Stopper, TrainingInterrupted
 
 __all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "Net", "train_step", "train"]
@@ -185,7 +186,7 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
           objective: Callable | None = None, held_out: Callable | None = None,
           out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           allow_change: tuple[str, ...] = (), meta: dict | None = None, progress: bool = True,
-          no_decay: Collection[str] = ()) -> TrainResult:
+          no_decay: Collection[str] = (), ranks: ProcessGroup | None = None) -> TrainResult:
     """Train `model` for cfg.steps optimiser steps on batches(step); see the module docstring.
 
     objective(model, x, y, state, progress) -> (losses dict with "loss", new state); an
@@ -194,6 +195,8 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
     on all of them (n_bytes None), logged with that step and returned as valid_bpc; in a
     distributed run every process runs it (on the same weights) and rank 0 reports it.
     no_decay: parameter names that weight_decay_on="matrices" leaves alone (a model kind's).
+    ranks: the process group, when the caller holds one open (`minixl train` does, for the
+    whole command); else the run opens and closes its own.
     """
     world = distributed_env()[2]
     if cfg.batch_size % (world * cfg.grad_accum):
@@ -202,7 +205,9 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
                          f"is a multiple of {world * cfg.grad_accum}")
     # one process, or one of torchrun's; `cleanup` drops the run folder's lock however
     # _train ends
-    with process_group(cfg.device) as ranks, contextlib.ExitStack() as cleanup:
+    with contextlib.ExitStack() as cleanup:
+        if ranks is None:
+            ranks = cleanup.enter_context(process_group(cfg.device))
         return _train(ranks, model, cfg, batches=batches, objective=objective,
                       held_out=held_out, out=out, resume=resume, overwrite=overwrite,
                       allow_change=allow_change, meta=meta or {}, progress=progress,
@@ -324,7 +329,7 @@ class _Records:
     def begin(self, show: bool):
         """Start the clock: (the window of losses to log, the steps to run as a progress bar,
         rank 0's if `show`)."""
-        self.log, self.t0 = Window(self.cfg.lr, self.ranks), time.perf_counter()
+        self.log, self.t0 = LossMeter(self.cfg.lr, self.ranks), time.perf_counter()
         self._bar = _progress_bar(show and self.ranks.rank == 0, self.start, self.cfg.steps,
                                   self.run)
         return self.log, self._bar

@@ -7,8 +7,9 @@ Hand-written shared machinery (not generated); a reader of the loop can skip it.
   but for the ones named in allow_change.
 - `RunFolder.save` writes a checkpoint atomically (`minixl.checkpoint`); `restore` loads
   one into the model, the objective and the optimiser.
-- `Window` sums the logged losses on the device between rows (no host sync per step) and
-  `RunFolder.write` appends each row to metrics.csv; `RunFolder.plot` draws loss.png.
+- `RunFolder.write` appends each metrics row to metrics.csv, `RunFolder.trim` cuts it back
+  to a checkpoint on resume and `RunFolder.plot` draws loss.png; what a row holds, how a
+  damaged file is read and how the plot looks are `minixl.training.metrics`.
 """
 
 from __future__ import annotations
@@ -16,23 +17,19 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
-import math
 import os
-import re
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
-
-import torch
 
 from ..checkpoint import (FORMAT, CheckpointError, check_resume, load_checkpoint,
                           save_checkpoint, saved_config)
 from . import state as states
+from .metrics import draw_loss, format_row, metrics_up_to
 from .optim import load_optimizer_state
 
-__all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "Window",
-           "restore", "TrainingDiverged", "SaveFailed"]
+__all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "restore",
+           "SaveFailed"]
 
 CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # Settings a resumed run may change freely: they do not change what is learned (grad_accum
@@ -49,19 +46,11 @@ BEFORE = {"weight_decay_on": "all", "grad_accum": 1, "fused": False}
 LEGACY_OBJECTIVE = "positions targets=1"
 
 
-class TrainingDiverged(Exception):
-    """The loss or the gradient norm stopped being finite."""
-
-    def __init__(self, step: int, lr: float, last_good: str):
-        self.step = step
-        super().__init__(f"training diverged: the loss or gradient norm was not finite at step "
-                         f"{step}; nothing was saved after it, and the last good checkpoint is "
-                         f"{last_good}. Try a smaller --lr (this run: {lr:g})")
-
-
 class SaveFailed(Exception):
     """The run folder could not be written (no space, file too large, no permission, an I/O
     error); the folder was put back to its last checkpoint (see RunFolder.failed)."""
+
+    exit_code = 4  # `minixl train`'s exit code
 
 
 # what a failed write's errno means, and what to do about it
@@ -80,89 +69,6 @@ def _why(err: OSError) -> tuple[str, str]:
     """(what a failed write's error means, with its errno's name; what to do about it)."""
     why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
     return f"{why} ({errno.errorcode.get(err.errno, str(err.errno))})", fix
-
-
-class Window:
-    """Sums of the logged losses since the last row, kept on the device (no sync per step).
-
-    Distributed, a row's losses are the means over the processes and a non-finite loss or
-    gradient norm of any process stops all of them at the same step: both are settled when a
-    row is made or a checkpoint saved, never per step. `tokens` counts the whole batch."""
-
-    def __init__(self, lr: float, ranks):
-        self.sums, self.n, self.tokens, self.t, self.lr = {}, 0, 0, time.perf_counter(), lr
-        self.ranks = ranks
-        self.bad_step = None  # first step (1-based) whose loss or gradient norm was not finite
-
-    def add(self, step: int, parts: dict, norm: torch.Tensor, tokens: int) -> None:
-        for key, value in {**parts, "grad_norm": norm}.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
-        bad = ~torch.isfinite(parts["loss"].detach().float() + norm.float())
-        first = torch.where(bad, step + 1, 0)
-        self.bad_step = first if self.bad_step is None else torch.where(
-            self.bad_step > 0, self.bad_step, first)
-        self.n, self.tokens = self.n + 1, self.tokens + tokens
-
-    def check_finite(self, run: RunFolder | None) -> None:
-        """Raise TrainingDiverged if any step so far had a non-finite loss or gradient norm."""
-        if self.bad_step is None:
-            return
-        bad = self.ranks.first_bad(self.bad_step)
-        if bad > 0:
-            last = (f"{run.ckpt} (step {run.saved})" if run and run.saved else
-                    "none (no checkpoint was written)" if run else "none (no output folder)")
-            raise TrainingDiverged(bad, self.lr, last)
-
-    def row(self, done: int, valid: float | None, *, lr: float, t0: float, run) -> dict:
-        """The metrics row of step `done` (losses in bits per byte); resets the sums."""
-        self.check_finite(run)
-        now, ln2 = time.perf_counter(), math.log(2)
-        keys = list(self.sums)
-        sums = self.ranks.mean(torch.stack([self.sums[k] for k in keys])).tolist()
-        mean = {k: v / self.n for k, v in zip(keys, sums)}
-        row = {"step": done, "train_bpc": mean.get("next_byte", mean["loss"]) / ln2,
-               "valid_bpc": valid, "loss": mean["loss"] / ln2}
-        row |= {k: v / ln2 for k, v in mean.items()
-                if k not in ("loss", "next_byte", "final", "grad_norm")}
-        row |= {"grad_norm": mean["grad_norm"], "lr": lr,
-                "tokens_per_s": self.tokens / (now - self.t), "elapsed_s": now - t0}
-        self.sums, self.n, self.tokens, self.t = {}, 0, 0, now
-        return row
-
-
-def _metrics_up_to(data: bytes, step: int) -> tuple[bytes, list[int], bool]:
-    """metrics.csv's bytes cut to the rows of steps <= `step`: (the bytes to keep, the
-    numbers of the damaged lines dropped, whether the header itself was damaged). A last
-    line without its newline (a row a killed run was writing) is dropped, not damaged."""
-    lines = data.splitlines(keepends=True)
-    if lines and not lines[-1].endswith(b"\n"):
-        lines.pop()
-    if not lines:
-        return b"", [], False
-    names = lines[0].decode("utf-8", "replace").rstrip("\r\n").split(",")
-    if (names[:2] != ["step", "train_bpc"] or "valid_bpc" not in names
-            or not all(re.fullmatch(r"[a-z_]+", n) for n in names) or len(set(names)) < len(names)):
-        return b"", [1], True  # nothing below can be read without it
-    keep, bad = [lines[0]], []
-    for i, line in enumerate(lines[1:], start=2):
-        fields = line.decode("utf-8", "replace").rstrip("\r\n").split(",")
-        if (len(fields) != len(names) or not (fields[0].isascii() and fields[0].isdigit())
-                or not all(map(_number, fields[1:]))):
-            bad.append(i)
-        elif int(fields[0]) <= step:
-            keep.append(line)
-    return b"".join(keep), bad, False
-
-
-def _number(field: str) -> bool:
-    """A metrics.csv field: empty (not measured at that step) or a number."""
-    if field == "":
-        return True
-    try:
-        float(field)
-    except ValueError:
-        return False
-    return True
 
 
 def lock_holder(folder: Path) -> str:
@@ -305,9 +211,7 @@ class RunFolder:
 
     def write(self, row: dict) -> None:
         """Append a metrics row to metrics.csv (losses to 4 decimals)."""
-        row = {k: "" if v is None else v if isinstance(v, int) else f"{v:.4g}" if k in (
-            "grad_norm", "lr", "tokens_per_s") else f"{v:.1f}" if k == "elapsed_s" else f"{v:.4f}"
-            for k, v in row.items()}
+        row = format_row(row)
         path = self.out / METRICS
         try:
             if self._log is None:
@@ -343,7 +247,7 @@ class RunFolder:
         try:
             if path.exists():
                 data = path.read_bytes()
-                body, bad, header_bad = _metrics_up_to(data, step)
+                body, bad, header_bad = metrics_up_to(data, step)
                 if not bad and data.startswith(body):
                     os.truncate(path, len(body))
                 else:
@@ -406,34 +310,20 @@ class RunFolder:
         return SaveFailed(f"could not write {what} to {path}: {why}; {kept}; {fix}, {then}")
 
     def plot(self) -> None:
-        """loss.png: training and held-out bits per byte against the step (drawn on a figure
-        of its own, so that a notebook's plotting is left as it was). It is drawn from
-        metrics.csv, so a plot that cannot be written is a warning, not a failed run."""
-        from matplotlib.figure import Figure
-
+        """loss.png, drawn from metrics.csv (metrics.draw_loss); a plot that cannot be written
+        is a warning, not a failed run."""
         path = self.out / PLOT
         tmp = path.with_name(path.name + ".part")
         try:
-            with open(self.out / METRICS) as f:
-                rows = list(csv.DictReader(f))
-            fig = Figure(figsize=(6, 3.5), dpi=100)
-            ax = fig.subplots()
-            ax.plot([int(r["step"]) for r in rows], [float(r["train_bpc"]) for r in rows],
-                    label="train")
-            held = [r for r in rows if r["valid_bpc"]]
-            ax.plot([int(r["step"]) for r in held], [float(r["valid_bpc"]) for r in held],
-                    "o-", label="held-out")
-            ax.set(xlabel="step", ylabel="bits per byte", title=self.out.name)
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(tmp, format="png")  # then renamed: a failed write keeps the last plot
-            os.replace(tmp, path)
+            draw_loss(self.out / METRICS, tmp, title=self.out.name)
+            os.replace(tmp, path)  # renamed: a failed write keeps the last plot
         except OSError as err:
             tmp.unlink(missing_ok=True)
             why = WHY.get(err.errno, (err.strerror or str(err),))[0]
             print(f"minixl train: warning: could not draw {path}: {why}; the checkpoint and "
                   "metrics.csv are as they should be, and the next run into the folder draws "
                   "it again", file=sys.stderr)
+
 
 def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, say: bool,
             no_decay=()):

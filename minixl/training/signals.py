@@ -32,6 +32,7 @@ class TrainingInterrupted(Exception):
 
     def __init__(self, signum: int, step: int, checkpoint: Path):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 SIGTERM
         name = signal.Signals(signum).name
         super().__init__(f"{name}: stopped after step {step}; checkpoint saved to {checkpoint} "
                          "(continue with --resume)")
