@@ -40,8 +40,8 @@ LAB_ARGS ?=
 lab: $(STAMP) ## open the book in JupyterLab
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. $(LAB_ARGS) nbs/00_preface.ipynb
 
-check: $(STAMP) ## pairs in sync and minixl up to date with the chapters
-	$(PY) minixl/_book.py check
+check: $(STAMP) ## pairs in sync, minixl up to date with the chapters, quoted numbers as stored
+	$(PY) -m tools.book check
 
 test: check ## every check: pytest, and notebooks match their stored outputs in budget
 	$(PY) -m pytest -q tests
@@ -51,7 +51,7 @@ test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (under a min
 	$(PY) -m pytest -q -m "not slow" tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)
-	$(PY) minixl/_site.py --out _build/html
+	$(PY) -m tools.book.site --out _build/html
 
 test-browser: html ## JupyterLab and the website in headless Chromium (Playwright)
 	@if [ ! -x "$(CHROMIUM)" ]; then \
@@ -69,10 +69,10 @@ train: $(STAMP) ## train a small model on the default corpus on the CPU
 	$(PY) -m minixl train --preset tiny --corpus pydoc --out runs/tiny --overwrite
 
 run: $(STAMP) ## execute every chapter in place (refresh stored outputs)
-	$(PY) minixl/_book.py run
+	$(PY) -m tools.book run
 
 export: $(STAMP) ## write the minixl modules from the chapters' export cells
-	$(PY) minixl/_book.py export
+	$(PY) -m tools.book export
 
 sync: $(STAMP) ## bring each book/*.md and nbs/*.ipynb pair in step
 	$(VENV)/bin/jupytext --sync book/*.md

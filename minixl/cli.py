@@ -365,12 +365,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Quiet(argparse.ArgumentParser):
+    """A parser that leaves every complaint to the command's own parser."""
+
+    def error(self, message):
+        raise ValueError(message)
+
+
 def _load_own_kinds(argv: list[str]) -> None:
     """Load the model of your own that --model MODULE:NAME names, so that the parser that
     follows knows its settings and presets."""
-    early = argparse.ArgumentParser(add_help=False)
+    early = _Quiet(add_help=False)
     early.add_argument("--model")
-    model = early.parse_known_args(argv)[0].model
+    try:
+        model = early.parse_known_args(argv)[0].model
+    except ValueError:  # (--model without a value: the real parser says so)
+        return
     if model and ":" in model:
         load_kind(model)
 
@@ -378,6 +388,9 @@ def _load_own_kinds(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else "minixl"
+    # `--suite=NAME OPTIONS`: its options follow NAME as with `--suite NAME OPTIONS`
+    argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--suite=")
+                                            else [a])]
     try:
         _load_own_kinds(argv)
         args = build_parser().parse_args(argv)

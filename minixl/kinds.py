@@ -13,7 +13,7 @@ kinds only (reload your own module instead: its kinds replace themselves).
 from __future__ import annotations
 
 import sys
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import torch
@@ -85,7 +85,9 @@ def kind_of(name: str) -> ModelKind:
 def registered(kind: ModelKind) -> ModelKind:
     """The kind, after a clear error if it is not the one registered under its name (a run
     of it could not be read back: a checkpoint names its kind)."""
-    if KINDS.get(kind.name) is not kind:
+    old = KINDS.get(kind.name)
+    # (the same kind, loaded again by --model MODULE:NAME, is registered with its source)
+    if old is not kind and (old is None or replace(old, source=None) != replace(kind, source=None)):
         taken = "another kind is registered under that name" if kind.name in KINDS else (
             "it is not registered")
         raise ValueError(f"model kind {kind.name!r}: {taken}; register(kind) first (or "

@@ -13,7 +13,7 @@ LAB_ARGS is added (no browser, a port, a token); the browser loads the page that
 repository root and opens the preface first; that every chapter opens, as its notebook and
 as its text file, without a dialog; that a line typed into a code cell and saved
 (File > Save) reaches the other side of the pair, from the notebook and from the text
-file, so that `_book.py check` passes and both files reopen without a dialog; and that
+file, so that `tools.book check` passes and both files reopen without a dialog; and that
 Run All and save of the preface and of Chapter 1 leave no error, every code cell executed
 and the pair in step. Checks that must fail are shown to fail: a pair whose notebook
 was edited behind its text file's back (jupytext refuses it), a chapter that raises, and
@@ -251,7 +251,7 @@ def test_the_link_check_catches_a_broken_link(site):
 # ------------------------------------------------------------------------------ JupyterLab
 
 VENV = ROOT / ".venv"  # the repository's environment: `make lab` in a copy runs this one
-LAB_FILES = ("book", "nbs", "minixl", "Makefile", "pyproject.toml")  # what `make lab` uses
+LAB_FILES = ("book", "nbs", "minixl", "tools", "README.md", "Makefile", "pyproject.toml")
 EDITED = "01_char_transformer"  # the chapter whose cells the sync tests edit
 LOAD_SECONDS = 120  # for the server to answer, a page or a document to load
 SERVING = re.compile(r"Serving notebooks from local directory: (.+)$", re.M)
@@ -268,7 +268,7 @@ class Lab:
     root: Path  # the copy of the repository that `make lab` runs in
     served: Path | None  # the folder the server says it serves (None: its log does not say)
     first: dict  # the document the browser opened first: {"path", "problem"}
-    check_before: subprocess.CompletedProcess  # `_book.py check` in the copy, before any test
+    check_before: subprocess.CompletedProcess  # `tools.book check` in the copy, before any test
 
 
 def copy_repository(dest: Path) -> Path:
@@ -291,9 +291,9 @@ def copy_repository(dest: Path) -> Path:
 
 
 def book_check(root: Path) -> subprocess.CompletedProcess:
-    """`make check` in a copy: `python minixl/_book.py check` with the repository's .venv."""
-    return subprocess.run([str(VENV / "bin" / "python"), str(root / "minixl" / "_book.py"),
-                           "check"], cwd=root, capture_output=True, text=True, timeout=300)
+    """`make check` in a copy: `python -m tools.book check` with the repository's .venv."""
+    return subprocess.run([str(VENV / "bin" / "python"), "-m", "tools.book", "check"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -684,7 +684,7 @@ def refused_at_the_root(root: Path, paths: list[str]) -> list[str]:
 
 
 def pair_problems(lab: Lab, name: str, note: str | None = None) -> list[str]:
-    """After a save in JupyterLab: both sides have `note` (if given), `_book.py check` passes
+    """After a save in JupyterLab: both sides have `note` (if given), `tools.book check` passes
     in the copy, and both sides open, at the repository root and in the browser."""
     sides = [f"book/{name}.md", f"nbs/{name}.ipynb"]
     problems = []
@@ -697,7 +697,7 @@ def pair_problems(lab: Lab, name: str, note: str | None = None) -> list[str]:
         before = ("It passed before the tests changed anything." if lab.check_before.returncode
                   == 0 else "It failed already before the tests changed anything: run `make "
                   "check` in the repository first.")
-        problems.append(f"`python minixl/_book.py check` fails in the copy after the save:\n"
+        problems.append(f"`python -m tools.book check` fails in the copy after the save:\n"
                         f"{checked.stderr.strip()}\n{before}")
     problems += refused_at_the_root(lab.root, sides)
     for side in sides:
@@ -772,7 +772,7 @@ def test_the_lab_checks_catch_an_out_of_sync_pair_and_a_chapter_that_raises(lab)
         problems = run_all_problems(lab, RAISES)  # ... and fails when run
         assert any("raised RuntimeError: a chapter that raises" in p for p in problems), problems
     finally:
-        for path in made:  # `_book.py check` in the copy is for the real chapters
+        for path in made:  # `tools.book check` in the copy is for the real chapters
             path.unlink(missing_ok=True)
 
 

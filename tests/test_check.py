@@ -55,11 +55,12 @@ def test_every_checker_is_tested():
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
     """check.NAME is defined in minixl/check/MODULE.py, MODULE being the `#| default_exp` of the
     first chapter whose text calls check.NAME(...)."""
-    from minixl import _book
+    from tools.book.paths import chapters
+    from tools.book.source import read_chapter
 
     home = {}  # checker -> the module of the first chapter that calls it
-    for md in _book.chapters():
-        module = _book._read_chapter(md)["module"]
+    for md in chapters():
+        module = read_chapter(md)["module"]
         for name in re.findall(r"\bcheck\.(\w+)\(", md.read_text()):
             home.setdefault(name, module)
     assert set(home) == set(EXERCISES), "every checker is called by a chapter, and only those"

@@ -373,6 +373,20 @@ def test_the_eval_rules_hold_from_python_too(char_run, xl_run, small_corpus):
     assert got.how.endswith("memory of 4") and xl.config is trained
 
 
+def test_the_command_line_parser_says_what_is_wrong(capsys):
+    """--model without a value is the train parser's complaint, not the pre-parser's (which
+    looks for a model of one's own); --suite=NAME takes its options after it, as
+    --suite NAME does."""
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--model"])
+    assert done.value.code == 2
+    assert "minixl train: error: argument --model: expected one argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--suite=models", "--steps", "3", "--help"])
+    assert done.value.code == 0
+    assert "usage: minixl bench --suite models" in capsys.readouterr().out
+
+
 def test_one_mapping_from_errors_to_exit_codes():
     import signal as signals
 

@@ -200,6 +200,8 @@ def test_a_kind_registered_elsewhere_loads_by_module_and_name(monkeypatch):
         found = load_kind("test_plugin:BIGRAM")
         assert kinds.KINDS["bigram"] is found and found.source == "test_plugin:BIGRAM"
         assert kinds.ORIGINS["bigram"] == "__main__"
+        import minixl  # the object the notebook holds still sets a run up (it is that kind)
+        assert minixl.run_settings(BIGRAM, "tiny").kind is BIGRAM
     finally:
         kinds.KINDS.pop("bigram", None)
 

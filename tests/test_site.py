@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = [sys.executable, str(ROOT / "minixl" / "_site.py")]
+SITE = [sys.executable, "-m", "tools.book.site"]  # run from ROOT (cwd=ROOT)
 
 needs_jupyter_book = pytest.mark.skipif(
     shutil.which("jupyter-book", path=str(Path(sys.executable).parent)) is None,

@@ -9,8 +9,8 @@ default is the next-byte loss at every position.
 
 Each feature of a long run is a few lines here and lives in a file of its own that a reader
 can skip: the optimiser's weight-decay groups (`optim.py`), the run folder with its
-checkpoints, metrics and plot (`run_folder.py`), stopping on Ctrl-C or SIGTERM
-(`signals.py`), several processes under torchrun (`distributed.py`) and a model state of any
+checkpoints (`run_folder.py`), the loss meter, metrics.csv and its plot (`metrics.py`),
+stopping on Ctrl-C or SIGTERM (`signals.py`), several processes under torchrun (`distributed.py`) and a model state of any
 shape (`state.py`). With an output folder a run copes with being stopped: SIGINT or SIGTERM
 ends it after a whole step with a checkpoint of that step, `resume=True` continues exactly
 (the same batches, dropout masks and memory as a run never stopped), and a loss or gradient

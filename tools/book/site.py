@@ -1,6 +1,6 @@
 """Build the book as a static website (`make html`).
 
-Hand-written (not generated). Usage: ``python minixl/_site.py [--out DIR]``.
+Usage: ``python -m tools.book.site [--out DIR]``, from the repository root.
 
 The site is made from the notebooks in ``nbs/`` exactly as stored, outputs included;
 nothing is executed. The pairs must be in sync (``make check``), so the text is the text
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 # The site's front door sends the reader to the preface. Jupyter Book writes a bare redirect;
 # this one also names the site's icon, so that a browser does not ask for a missing
 # /favicon.ico (a console error) before it follows the redirect.

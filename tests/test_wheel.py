@@ -1,0 +1,66 @@
+"""The package a user installs: a wheel built from the repository holds the library and
+nothing of the book's tooling, and, installed into a fresh virtual environment, imports and
+trains a tiny run from an empty folder."""
+
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(argv, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=900, **kw)
+    assert r.returncode == 0, f"{' '.join(map(str, argv))}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_the_library_alone_and_trains_from_an_empty_folder(tmp_path):
+    # built from a copy of what the build reads, so that the build leaves the repository as is
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    for name in ("minixl", "tools"):
+        shutil.copytree(ROOT / name, source / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+          "-w", dist, source])
+    (wheel,) = dist.glob("minixl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"minixl", wheel.name.split("-py")[0] +
+                                                ".dist-info"}, sorted(names)
+    package = {str(p.relative_to(ROOT)) for p in (ROOT / "minixl").rglob("*.py")}
+    assert package == {n for n in names if n.endswith(".py")}  # all of it, and nothing else
+    assert not any("tools" in n or "_book" in n or "_site" in n for n in names)
+
+    env = tmp_path / "env"
+    venv.create(env, with_pip=True)
+    python = env / "bin" / "python"
+    # the torch this suite runs on (a wider pin could fetch another build of several GB)
+    pinned = "torch==" + torch.__version__.split("+")[0]
+    _run([python, "-m", "pip", "install", "-q", wheel, pinned])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corpus = empty / "text.txt"
+    corpus.write_text("A small text to train on, read a few times over. " * 400)
+    _run([python, "-c", "import sys, minixl; minixl.CharTransformer; minixl.setup_run; "
+          "assert not [m for m in sys.modules if m.startswith('tools')]; print(minixl.__file__)"],
+         cwd=empty)
+    r = _run([env / "bin" / "minixl", "train", "--corpus", corpus.name, "--steps", "3",
+              "--device", "cpu", "--no-progress", "--sample-len", "0", "--out", "run",
+              "--n-layer", "1", "--d-model", "32", "--n-head", "2", "--d-inner", "64",
+              "--block-size", "32", "--batch-size", "4", "--eval-bytes", "256"], cwd=empty)
+    assert "trained 3 steps" in r.stdout, r.stdout
+    assert (empty / "run" / "checkpoint.pt").exists()
+    assert str(env) in _run([python, "-c", "import minixl; print(minixl.__file__)"],
+                            cwd=empty).stdout  # the installed copy, not the repository's
+    shutil.rmtree(env)  # a gigabyte of torch
