@@ -50,7 +50,7 @@ def bench(model: str | None = None, preset: str | None = None, *,
     the optimiser `minixl train` makes) in tokens/s, and MFU on CUDA, of a model kind at a
     preset (config fields overridden by model_settings; batch_size None: the preset's)."""
     from .launch import build_model
-    from .training import Net, make_optimizer, train_step
+    from .training import ModelWithLoss, make_optimizer, train_step
 
     if (batch_size is not None and batch_size < 1) or steps < 1 or warmup < 0:
         raise ValueError(f"need batch_size >= 1, steps >= 1 and warmup >= 0, got {batch_size}, "
@@ -61,8 +61,9 @@ def bench(model: str | None = None, preset: str | None = None, *,
                                         "compile": compile},
                         objective_options=objective_options)
     kind, cfg = built.kind, built.config
-    net = Net(built.model, built.objective).to(dev)
-    opt = make_optimizer([built.model, net.own], cfg, dev, no_decay=kind.no_decay)
+    net = ModelWithLoss(built.model, built.objective).to(dev)
+    opt = make_optimizer([built.model, net.objective_weights], cfg, dev,
+                         no_decay=kind.no_decay)
     if compile:
         built.model.compile()
     T, B = built.length, cfg.batch_size

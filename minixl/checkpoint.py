@@ -14,7 +14,8 @@ plain values but cannot run code:
                   that have some: "positions targets=1"), "corpus" ({"source": the name
                   or path given, "sha256": the digest of its bytes})
     train_config  the TrainConfig, as a dict (one written before a field existed lacks it:
-                  the trainer reads it as the value it had then, run_folder.BEFORE)
+                  the trainer reads it as the value it had then, in
+                  run_folder.UNRECORDED_DEFAULTS)
     objective     the objective's own weights (Chapter 2's extra heads; often empty)
     optimizer     the optimiser's state_dict
     state         what the model carries from batch to batch (Transformer-XL's memory) or None;

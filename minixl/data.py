@@ -270,12 +270,14 @@ def stream_batches(data: torch.Tensor, batch_size: int, seg_len: int
 
 
 class Batch(NamedTuple):
-    """One training batch: inputs x [B, T], next-byte targets y [B, T], and `fresh`, True
-    when no state may be carried into it from the previous batch."""
+    """One training batch: inputs x [B, T]; targets y [B, T], the next bytes for the book's
+    sources (a source of a kind's own may put there what its objective reads: XLNet's
+    PretrainStreams puts each row's direction, its objective's targets being x itself); and
+    `reset_state`, True when no state may be carried into it from the previous batch."""
 
     x: torch.Tensor
     y: torch.Tensor
-    fresh: bool
+    reset_state: bool
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -289,8 +291,8 @@ class RandomWindows:
 
     The offsets depend only on (seed, step), so a run resumed at step k sees the batches
     an uninterrupted run sees, and every process of a distributed run sees the same batch
-    (each takes its own rows). Every batch is fresh: windowed models keep no state. Batches
-    are on data's device (`minixl train` puts the train split on the GPU once).
+    (each takes its own rows). Every batch resets the state: windowed models keep none.
+    Batches are on data's device (`minixl train` puts the train split on the GPU once).
     """
 
     def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int, *, seed: int = 0):
@@ -313,8 +315,8 @@ class OrderedStreams:
 
     data is cut into B streams (see stream_tensors) read in consecutive segments of seq_len;
     row b of every batch continues row b of the one before. A pass over the streams is
-    n_segments steps; its first batch is fresh (the memory starts empty again). The streams
-    are views of data (no copy, bytes stay bytes); a batch is on data's device.
+    n_segments steps; its first batch resets the state (the memory starts empty again). The
+    streams are views of data (no copy, bytes stay bytes); a batch is on data's device.
     """
 
     def __init__(self, data: torch.Tensor, batch_size: int, seq_len: int):

@@ -87,7 +87,8 @@ def registered(kind: ModelKind) -> ModelKind:
     of it could not be read back: a checkpoint names its kind)."""
     old = KINDS.get(kind.name)
     # (the same kind, loaded again by --model MODULE:NAME, is registered with its source)
-    if old is not kind and (old is None or replace(old, source=None) != replace(kind, source=None)):
+    same = old is not None and replace(old, source=None) == replace(kind, source=None)
+    if old is not kind and not same:
         taken = "another kind is registered under that name" if kind.name in KINDS else (
             "it is not registered")
         raise ValueError(f"model kind {kind.name!r}: {taken}; register(kind) first (or "

@@ -6,7 +6,7 @@ notebook calls it the same way::
     run = minixl.setup_run(preset="xl-base", train_settings=dict(steps=50), out="runs/try")
     result = run.train()
 
-`run_settings` resolves a kind, a preset and overrides into configs, and `build_model`
+`plan_run` resolves a kind, a preset and overrides into configs, and `build_model`
 builds the model and its objective from them, seeded once (the benchmark uses both).
 `setup_run` adds the corpus, the device, the batch source and the held-out measure. This
 module imports the registry, and with it every chapter's module: the chapters import only
@@ -30,14 +30,14 @@ from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_o
 from .options import flag
 from .plugins import kind_named
 from .training.loop import TrainConfig, TrainResult, train
-from .training.run_folder import BEFORE, CHECKPOINT
+from .training.run_folder import CHECKPOINT, UNRECORDED_DEFAULTS
 
-__all__ = ["Settings", "run_settings", "Built", "build_model", "RunSetup", "setup_run",
+__all__ = ["RunPlan", "plan_run", "BuiltModel", "build_model", "PreparedRun", "setup_run",
            "kept_on_resume"]
 
 
 @dataclass
-class Built:
+class BuiltModel:
     """A model ready to train: its kind and preset, the model, its objective (None: the
     next-byte loss), the objective's options, and the TrainConfig."""
 
@@ -55,7 +55,7 @@ class Built:
 
 
 @dataclass
-class Settings:
+class RunPlan:
     """What a run will be, before anything is built: the kind and preset, the model's config,
     the TrainConfig and the objective's options."""
 
@@ -75,9 +75,9 @@ def _resolved(model: str | ModelKind | None, preset: str | None) -> tuple[ModelK
     return resolve_preset(kind_named(model) if isinstance(model, str) else model, preset)
 
 
-def run_settings(model: str | ModelKind | None = None, preset: str | None = None, *,
-                 model_settings: dict | None = None, train_settings: dict | None = None,
-                 objective_options: dict | None = None) -> Settings:
+def plan_run(model: str | ModelKind | None = None, preset: str | None = None, *,
+             model_settings: dict | None = None, train_settings: dict | None = None,
+             objective_options: dict | None = None) -> RunPlan:
     """The settings of `model` (a kind or its name; None: the default) at `preset` (None:
     tiny, or the one a paper-scale preset names), with config fields and TrainConfig fields
     overridden where given (None values are ignored). A run set up here decays only weight
@@ -94,47 +94,46 @@ def run_settings(model: str | ModelKind | None = None, preset: str | None = None
                          f"{', '.join(f.name for f in fields(TrainConfig))}")
     cfg = with_overrides(TrainConfig(**{"weight_decay_on": "matrices", "fused": True,
                                         **train_kw}), **(train_settings or {}))
-    return Settings(kind, preset, with_overrides(model_cfg, **given), cfg,
-                    kind.objective_options(preset, objective_options))
+    return RunPlan(kind, preset, with_overrides(model_cfg, **given), cfg,
+                   kind.objective_options(preset, objective_options))
 
 
 def build_model(model: str | ModelKind | None = None, preset: str | None = None, *,
                 model_settings: dict | None = None, train_settings: dict | None = None,
-                objective_options: dict | None = None) -> Built:
-    """The model and objective of run_settings(...), seeded once with the run's seed."""
-    return _build(run_settings(model, preset, model_settings=model_settings,
-                               train_settings=train_settings,
-                               objective_options=objective_options))
+                objective_options: dict | None = None) -> BuiltModel:
+    """The model and objective of plan_run(...), seeded once with the run's seed."""
+    return _build(plan_run(model, preset, model_settings=model_settings,
+                           train_settings=train_settings, objective_options=objective_options))
 
 
-def _build(s: Settings) -> Built:
+def _build(s: RunPlan) -> BuiltModel:
     """The model and objective of settings, seeded once with the run's seed."""
     torch.manual_seed(s.config.seed)  # the model's weights, then the objective's own
     net = s.kind.build(s.model_config)
-    return Built(s.kind, s.preset, net, s.kind.build_objective(s.model_config,
-                                                               s.objective_options),
-                 s.objective_options, s.config)
+    objective = s.kind.build_objective(s.model_config, s.objective_options)
+    return BuiltModel(s.kind, s.preset, net, objective, s.objective_options, s.config)
 
 
 def kept_on_resume(out: str | Path | None, resume: bool) -> dict:
     """The settings a resumed run keeps from its checkpoint unless told otherwise: the
     grouping of weight decay and the optimiser's kernel (a checkpoint written before a
-    setting existed was trained with run_folder.BEFORE's value: decay on everything, the
-    unfused kernel). Empty when there is nothing to read (the caller's defaults hold)."""
+    setting existed was trained with the value in run_folder.UNRECORDED_DEFAULTS: decay on
+    everything, the unfused kernel). Empty when there is nothing to read (the caller's
+    defaults hold)."""
     if not resume or out is None:
         return {}
     try:
         saved = load_checkpoint(Path(out) / CHECKPOINT, for_resume=True)["train_config"]
     except CheckpointError:
         return {}  # the trainer says what is wrong with it
-    return {k: {**BEFORE, **saved}[k] for k in ("weight_decay_on", "fused")}
+    return {k: {**UNRECORDED_DEFAULTS, **saved}[k] for k in ("weight_decay_on", "fused")}
 
 
 @dataclass
-class RunSetup:
+class PreparedRun:
     """A run ready to start: `train()` runs it (see setup_run)."""
 
-    built: Built
+    built: BuiltModel
     corpus: Corpus
     source: str
     device: torch.device
@@ -160,7 +159,7 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
               corpus: str = "pydoc", device: str = "auto", out: str | Path | None = None,
               model_settings: dict | None = None, train_settings: dict | None = None,
               objective_options: dict | None = None, resume: bool = False,
-              overwrite: bool = False, allow_change: tuple[str, ...] = ()) -> RunSetup:
+              overwrite: bool = False, allow_change: tuple[str, ...] = ()) -> PreparedRun:
     """Everything a run needs: the model and objective (build_model), the corpus (loaded
     once), the device (cuda:LOCAL_RANK under torchrun), the kind's batch source over the
     train split (on the device: batches are cut there), the held-out measure (the kind's
@@ -170,9 +169,8 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     for k, v in kept_on_resume(out, resume).items():
         if train_settings.get(k) is None:
             train_settings[k] = v
-    built = _build(run_settings(model, preset, model_settings=model_settings,
-                                train_settings=train_settings,
-                                objective_options=objective_options))
+    built = _build(plan_run(model, preset, model_settings=model_settings,
+                            train_settings=train_settings, objective_options=objective_options))
     kind, cfg, length = built.kind, built.config, built.length
     protocol = check_protocol(kind.protocol(), length, what=flag(kind.length), kind=kind)
     # (found now, not after training)
@@ -203,5 +201,5 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     if tag is not None:
         meta["objective"] = tag
     meta["corpus"] = {"source": corpus, "sha256": data.sha256}
-    return RunSetup(built, data, corpus, where, batches, held_out, meta,
-                    None if out is None else Path(out), resume, overwrite, tuple(allow_change))
+    return PreparedRun(built, data, corpus, where, batches, held_out, meta,
+                       None if out is None else Path(out), resume, overwrite, tuple(allow_change))

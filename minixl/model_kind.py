@@ -96,7 +96,7 @@ class ModelKind:
     source: str | None = None  # "MODULE:NAME" for a kind loaded from outside minixl
     causal: bool = True  # no position reads a later byte (checked by minixl.check.kind)
     # a batch source of its own, (data, batch_size, length, *, seed, config) -> (step -> (x,
-    # y, fresh)), in place of the one `streams` picks; config is the model's config, and a
+    # y, reset_state)), in place of the one `streams` picks; config is the model's config, and a
     # source that returns None for a config leaves the choice to `streams`
     batch_source: Callable | None = None
 
@@ -192,7 +192,7 @@ class ModelKind:
         return bool(self.streams(model_cfg) if callable(self.streams) else self.streams)
 
     def batches(self, data: torch.Tensor, batch_size: int, model_cfg, *, seed: int):
-        """The batch source of this kind: step -> (x, y, fresh)."""
+        """The batch source of this kind: step -> (x, y, reset_state)."""
         length = getattr(model_cfg, self.length)
         if self.batch_source is not None:
             own = self.batch_source(data, batch_size, length, seed=seed, config=model_cfg)

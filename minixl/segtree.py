@@ -9,7 +9,7 @@ Generated from book/06_segtree.md (paired with nbs/06_segtree.ipynb).
 from __future__ import annotations
 
 __all__ = [
-    'tree_sizes', 'node_id', 'node_span', 'RULES', 'EDGE_KINDS', 'ContextNode',
+    'tree_sizes', 'node_id', 'node_span', 'RULES', 'EDGE_RELATIONS', 'ContextNode',
     'check_rule', 'leaf_context_loop', 'NodeGroup', 'SegTreeGraph', 'edge_type',
     'segtree_graph', 'graph_mask', 'gathered_attention', 'tree_attention_dense',
     'tree_attention', 'SegTreeAttention', 'segtree_attention_dense', 'NORMS',
@@ -57,7 +57,7 @@ def node_span(n: int, level: int, p: int) -> tuple[int, int]:
 
 # %% book/06_segtree.md, section 6.2 The segment tree and the SegTree rule
 RULES = ("segtree", "bpt")
-EDGE_KINDS = ("left", "right", "anc")
+EDGE_RELATIONS = ("left", "right", "anc")
 
 
 class ContextNode(NamedTuple):
@@ -169,17 +169,17 @@ class SegTreeGraph:
         return 1 + 3 * len(self.sizes)
 
 
-def edge_type(kind: str, j: int = 0) -> int:
+def edge_type(relation: str, j: int = 0) -> int:
     """The index of an edge type (SegTree paper, appendix A.2): 0 for 'self'; 1 + 3 j +
     (0, 1, 2) for a node that joined a leaf's context at step j on its 'left' or 'right',
     or for an internal node at level j reading a leaf below it ('anc'). The same index means
     the same relation at every length n."""
-    if kind == "self":
+    if relation == "self":
         return 0
-    if kind not in EDGE_KINDS or j < 0:
-        raise ValueError(f"unknown edge type {kind!r} at step or level {j}: expected 'self' "
-                         f"or one of {EDGE_KINDS} at a step or level >= 0")
-    return 1 + 3 * j + EDGE_KINDS.index(kind)
+    if relation not in EDGE_RELATIONS or j < 0:
+        raise ValueError(f"unknown edge type {relation!r} at step or level {j}: expected 'self' "
+                         f"or one of {EDGE_RELATIONS} at a step or level >= 0")
+    return 1 + 3 * j + EDGE_RELATIONS.index(relation)
 
 
 def segtree_graph(n: int, *, rule: str = "segtree", k: int = 1, causal: bool = False,

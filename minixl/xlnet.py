@@ -12,7 +12,7 @@ __all__ = [
     'SEP', 'CLS', 'order_ranks', 'masks_from_ranks', 'permutation_masks',
     'bidirectional_distances', 'sinusoid', 'rel_shift_bi', 'rel_gather',
     'masked_softmax', 'TwoStreamAttention', 'two_stream_loop', 'FeedForward',
-    'XLNetConfig', 'XLNetOutput', 'target_positions', 'XLNet', 'TRAINING_KINDS',
+    'XLNetConfig', 'XLNetOutput', 'target_positions', 'XLNet', 'FACTORISATIONS',
     'MAX_SPAN', 'span_positions', 'training_masks', 'PermutationObjective',
     'pretraining_masks', 'PretrainStreams', 'xlnet_batches', 'hf_state_dict',
     'masks_from_hf', 'masks_to_hf', 'INFILL_READINGS', 'span_bits', 'evaluate_infill',
@@ -410,7 +410,7 @@ class XLNet(nn.Module):
 
 
 # %% book/05_xlnet.md, section 5.5 Partial prediction and the full model
-TRAINING_KINDS = ("permutation", "independent", "causal", "spans")
+FACTORISATIONS = ("permutation", "independent", "causal", "spans")
 MAX_SPAN = 5  # the longest span of the span-based targets
 
 
@@ -433,27 +433,28 @@ def span_positions(T: int, n_predict: int, *, max_span: int = MAX_SPAN) -> torch
                                                                    before.tolist(), lengths)])
 
 
-def training_masks(B: int, T: int, n_predict: int, *, kind: str = "permutation",
-                   device=None) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+def training_masks(B: int, T: int, n_predict: int, *,
+                   factorisation: str = "permutation", device=None) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Masks [B, T, T] and the predicted positions [B, P] of one batch. 'permutation':
     XLNet, a random order whose last n_predict positions are predicted; 'independent':
     BERT's objective, n_predict random positions each predicted from the rest alone;
     'causal': left to right, every position (n_predict is ignored); 'spans': the paper's
     span-based prediction, n_predict positions in spans of 1 to MAX_SPAN, predicted after
     all the context in a random order."""
-    if kind not in TRAINING_KINDS:
-        raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(TRAINING_KINDS)}")
-    if kind == "causal":
+    if factorisation not in FACTORISATIONS:
+        raise ValueError(f"unknown factorisation {factorisation!r}: expected one of "
+                         f"{', '.join(FACTORISATIONS)}")
+    if factorisation == "causal":
         rank = torch.arange(1, T + 1, device=device).expand(B, T)
         return masks_from_ranks(rank), torch.arange(T, device=device).expand(B, T)
-    if kind == "spans":
+    if factorisation == "spans":
         targets = torch.stack([span_positions(T, n_predict) for _ in range(B)]).to(device)
         rank = torch.zeros(B, T, dtype=torch.long, device=device)  # context: rank 0
         order = torch.rand(B, n_predict, device=device).argsort(-1) + 1  # among the targets
         return masks_from_ranks(rank.scatter(1, targets, order)), targets
     order = torch.argsort(torch.rand(B, T, device=device), dim=-1)  # uniform random orders
     rank = order_ranks(order, n_predict, validate=False)  # argsort made a permutation
-    if kind == "independent":
+    if factorisation == "independent":
         rank = (rank > 0).long()  # every target has the same rank: none sees another
     return masks_from_ranks(rank), order[:, T - n_predict:]
 
@@ -466,23 +467,25 @@ class PermutationObjective(nn.Module):
     > 0 the input is the paper's [reuse block; A, SEP, B, SEP, CLS], and with bi_data y says
     which rows read backwards (both from PretrainStreams, section 5.6)."""
 
-    def __init__(self, kind: str = "permutation"):
+    def __init__(self, factorisation: str = "permutation"):
         super().__init__()
-        if kind not in TRAINING_KINDS:
-            raise ValueError(f"unknown kind {kind!r}: expected one of {', '.join(TRAINING_KINDS)}")
-        self.kind = kind
+        if factorisation not in FACTORISATIONS:
+            raise ValueError(f"unknown factorisation {factorisation!r}: expected one of "
+                             f"{', '.join(FACTORISATIONS)}")
+        self.factorisation = factorisation
 
     def forward(self, model, x, y, state=None, progress: float = 0.0):
         c = model.config
         B, T = x.shape
         segments = reverse = None
         if c.reuse_len:  # the paper's pretraining input (section 5.6)
-            if self.kind != "permutation":
+            if self.factorisation != "permutation":
                 raise ValueError(f"reuse_len > 0 trains the permutation objective only, not "
-                                 f"{self.kind!r}")
+                                 f"{self.factorisation!r}")
             masks, targets, segments = pretraining_masks(x, c.reuse_len, c.predict_split)
         else:
-            masks, targets = training_masks(B, T, c.n_predict, kind=self.kind, device=x.device)
+            masks, targets = training_masks(B, T, c.n_predict, factorisation=self.factorisation,
+                                            device=x.device)
         if c.bi_data:  # y holds each row's direction (PretrainStreams)
             reverse = y[:, 0] < 0
         out = model(x, masks=masks, target_mapping=targets, mems=state, segments=segments,
@@ -518,7 +521,7 @@ def pretraining_masks(x: torch.Tensor, reuse_len: int, split: tuple[int, int]):
 
 class PretrainStreams:
     """XLNet's pretraining batches (Yang et al. 2019, their data pipeline) over bytes:
-    batch(step) -> Batch(x, y, fresh). The text is cut into parallel streams, one per row
+    batch(step) -> Batch(x, y, reset_state). The text is cut into parallel streams, one per row
     (half the rows with bi_data, the other half reading the same streams backwards). With
     reuse_len > 0 a row is [reuse block; A, SEP, B, SEP, CLS]: the reuse block continues the
     previous step's, A continues the reuse block, and B continues A or, by a coin flip, comes

@@ -511,7 +511,7 @@ def test_a_segtree_checkpoint_from_before_the_rule_existed_loads_as_bpt(segtree_
 # ---------------------------------------------------------------- paper-scale presets
 
 from minixl.kinds import paper_presets  # noqa: E402
-from minixl.launch import run_settings  # noqa: E402
+from minixl.launch import plan_run  # noqa: E402
 
 # What each paper reports (see the comments above each preset in minixl/book_kinds.py).
 PAPER_SHAPES = {
@@ -531,13 +531,13 @@ def test_every_paper_preset_is_checked_here():
 
 @pytest.mark.parametrize("preset", list(PAPER_SHAPES))
 def test_paper_preset_selects_its_model_and_the_papers_shape(preset):
-    s = run_settings(None, preset)
+    s = plan_run(None, preset)
     assert s.kind.name == paper_presets()[preset] and s.preset == preset
     for name, value in PAPER_SHAPES[preset].items():
         assert getattr(s.model_config, name) == value, name
     assert s.config.steps > 0 and s.config.batch_size > 0
     # naming the model it belongs to is the same; flags still override the preset
-    s2 = run_settings(s.kind.name, preset, model_settings={"n_layer": 2})
+    s2 = plan_run(s.kind.name, preset, model_settings={"n_layer": 2})
     assert s2.kind is s.kind and s2.model_config.n_layer == 2
     assert s2.model_config.d_model == s.model_config.d_model
     if preset == "xl-base":  # Dai et al.'s optimiser settings
@@ -545,24 +545,24 @@ def test_paper_preset_selects_its_model_and_the_papers_shape(preset):
 
 
 def test_t12_trains_with_the_auxiliary_losses_unless_told_otherwise():
-    s = run_settings(None, "t12")
+    s = plan_run(None, "t12")
     assert s.objective_options == {"aux_losses": "positions,layers,targets", "aux_targets": 1}
     config = s.kind.build_objective(s.model_config, s.objective_options).aux.config
     assert config.positions and config.layers == 1.0 and config.targets == 1  # Chapter 2's three
-    s = run_settings(None, "t12", objective_options={"aux_losses": "none", "aux_targets": 2})
+    s = plan_run(None, "t12", objective_options={"aux_losses": "none", "aux_targets": 2})
     assert s.objective_options == {"aux_losses": "none", "aux_targets": 2}
     for model, preset in ((None, None), (None, "base")):
-        assert run_settings(model, preset).objective_options == {"aux_losses": "positions",
+        assert plan_run(model, preset).objective_options == {"aux_losses": "positions",
                                                                  "aux_targets": 1}
-    assert run_settings(None, "xl-base").objective_options == {}  # xl has no options
+    assert plan_run(None, "xl-base").objective_options == {}  # xl has no options
 
 
 def test_per_kind_presets_keep_working():
-    s = run_settings()
+    s = plan_run()
     assert (s.kind.name, s.preset, s.model_config.n_layer) == ("char", "tiny", 4)
-    s = run_settings("xl", "small")
+    s = plan_run("xl", "small")
     assert (s.kind.name, s.model_config.tgt_len) == ("xl", 256)
-    assert run_settings().config.weight_decay_on == "matrices"  # a new run set up here
+    assert plan_run().config.weight_decay_on == "matrices"  # a new run set up here
 
 
 @pytest.mark.parametrize("argv,message", [

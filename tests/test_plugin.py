@@ -201,7 +201,7 @@ def test_a_kind_registered_elsewhere_loads_by_module_and_name(monkeypatch):
         assert kinds.KINDS["bigram"] is found and found.source == "test_plugin:BIGRAM"
         assert kinds.ORIGINS["bigram"] == "__main__"
         import minixl  # the object the notebook holds still sets a run up (it is that kind)
-        assert minixl.run_settings(BIGRAM, "tiny").kind is BIGRAM
+        assert minixl.plan_run(BIGRAM, "tiny").kind is BIGRAM
     finally:
         kinds.KINDS.pop("bigram", None)
 
@@ -382,7 +382,7 @@ def test_a_carried_state_that_keeps_its_graph_is_detached_by_the_trainer(small_c
 
     import minixl
     from minixl import kinds
-    from minixl.training.loop import Net, train_step
+    from minixl.training.loop import ModelWithLoss, train_step
     from test_conformance import GRU, Recurrent, RecurrentConfig
 
     try:
@@ -399,7 +399,7 @@ def test_a_carried_state_that_keeps_its_graph_is_detached_by_the_trainer(small_c
     model = Recurrent(RecurrentConfig(detach=False))
     before = copy.deepcopy(model)  # the weights the step's forward saw
     x = torch.randint(0, 256, (4, 8))
-    _, state, _ = train_step(Net(model), torch.optim.SGD(model.parameters(), lr=0.1), x, x,
+    _, state, _ = train_step(ModelWithLoss(model), torch.optim.SGD(model.parameters(), lr=0.1), x, x,
                              micro=2)
     assert state.shape == (4, 1, 8) and not state.requires_grad
     with torch.no_grad():  # the rows of the two micro-batches, in their order

@@ -443,7 +443,7 @@ def test_the_optimisers_kernel_on_the_cpu(char_run):
     run set up by `minixl train` asks for the fused kernel, which is faster and rounds
     otherwise; the kernel is no part of a run's identity (a resume may change it)."""
     from minixl.training import make_optimizer
-    from minixl.training.run_folder import FREE
+    from minixl.training.run_folder import CHANGEABLE_ON_RESUME
 
     model = CharTransformer(TINY)
     cpu = torch.device("cpu")
@@ -452,4 +452,4 @@ def test_the_optimisers_kernel_on_the_cpu(char_run):
     [group] = make_optimizer([model], TrainConfig(fused=True), cpu).param_groups
     assert group["fused"]
     groups = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)["optimizer"]
-    assert [g["fused"] for g in groups["param_groups"]] == [True, True] and "fused" in FREE
+    assert [g["fused"] for g in groups["param_groups"]] == [True, True] and "fused" in CHANGEABLE_ON_RESUME

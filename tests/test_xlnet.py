@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import TINY_CONFIGS
 from minixl.char_transformer import causal_mask
-from minixl.xlnet import (CLS, INFILL_READINGS, SEP, TRAINING_KINDS, FeedForward,
+from minixl.xlnet import (CLS, FACTORISATIONS, INFILL_READINGS, SEP, FeedForward,
                           PermutationObjective, TwoStreamAttention, XLNet, XLNetConfig,
                           XLNetOutput, bidirectional_distances, evaluate_infill, masked_softmax,
                           masks_from_hf, masks_from_ranks, masks_to_hf, order_ranks,
@@ -658,7 +658,7 @@ def test_training_masks_independent_targets_see_the_context_only():
     and the other targets included): a target seeing another would make it a joint model."""
     B, T, n = 4, 12, 5
     torch.manual_seed(14)
-    (content, query), targets = training_masks(B, T, n, kind="independent")
+    (content, query), targets = training_masks(B, T, n, factorisation="independent")
     assert targets.shape == (B, n) and query.shape == content.shape == (B, T, T)
     for b in range(B):
         is_target = torch.zeros(T, dtype=torch.bool)
@@ -675,7 +675,7 @@ def test_training_masks_permutation_predicts_the_last_of_an_order():
     the targets, returned in their order (ranks 1..n); rows get different orders."""
     B, T, n = 6, 12, 4
     torch.manual_seed(15)
-    (content, query), targets = training_masks(B, T, n, kind="permutation")
+    (content, query), targets = training_masks(B, T, n, factorisation="permutation")
     assert targets.shape == (B, n)
     rank = content.sum(-1) - (T - n)  # context rows see the T - n context positions: rank 0
     assert torch.all(rank >= 0)
@@ -687,24 +687,24 @@ def test_training_masks_permutation_predicts_the_last_of_an_order():
 
 
 def test_training_masks_causal_is_left_to_right():
-    (content, query), targets = training_masks(3, 7, 2, kind="causal")
+    (content, query), targets = training_masks(3, 7, 2, factorisation="causal")
     assert torch.equal(content, causal_mask(7, 7).expand(3, 7, 7))
     assert torch.equal(query, (causal_mask(7, 7) & ~torch.eye(7, dtype=torch.bool)).expand(3, 7, 7))
     assert torch.equal(targets, torch.arange(7).expand(3, 7))
-    with pytest.raises(ValueError, match="unknown kind"):
-        training_masks(3, 7, 2, kind="bert")
-    with pytest.raises(ValueError, match="unknown kind"):
+    with pytest.raises(ValueError, match="unknown factorisation 'bert'"):
+        training_masks(3, 7, 2, factorisation="bert")
+    with pytest.raises(ValueError, match="unknown factorisation 'bert'"):
         PermutationObjective("bert")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", TRAINING_KINDS)
-def test_permutation_objective_loss_is_the_targets_cross_entropy(kind):
+@pytest.mark.parametrize("factorisation", FACTORISATIONS)
+def test_permutation_objective_loss_is_the_targets_cross_entropy(factorisation):
     """The objective's loss is the cross-entropy of the query stream at the targets against the
     bytes there, a finite scalar that backpropagates; the same seed gives the same loss."""
     model = tiny_model()
     x = torch.randint(0, 256, (3, 16), generator=torch.Generator().manual_seed(16))
-    objective = PermutationObjective(kind)
+    objective = PermutationObjective(factorisation)
     torch.manual_seed(17)
     out, state = objective(model, x, x)
     loss = out["loss"]
@@ -713,7 +713,7 @@ def test_permutation_objective_loss_is_the_targets_cross_entropy(kind):
     grad = model.word_embedding.weight.grad
     assert torch.isfinite(grad).all() and grad.abs().max() > 0
     torch.manual_seed(17)
-    masks, targets = training_masks(3, 16, model.config.n_predict, kind=kind)
+    masks, targets = training_masks(3, 16, model.config.n_predict, factorisation=factorisation)
     with torch.no_grad():
         logits = model(x, masks=masks, target_mapping=targets).logits
         want = F.cross_entropy(logits.flatten(0, 1), x.gather(1, targets).flatten())
@@ -996,7 +996,7 @@ def test_pretrain_streams_continue_the_reuse_block_and_draw_b_by_a_coin():
     data, source, batches = _pretraining_batch(110, reuse_len=R, seq_len=T)
     streams = source.streams
     n_segments = (5000 // 4 - T) // R + 1  # 102: the last one ends at most at a row's end
-    assert [s for s, b in enumerate(batches) if b.fresh] == [0, n_segments]  # wraps around
+    assert [s for s, b in enumerate(batches) if b.reset_state] == [0, n_segments]  # wraps around
     continues = 0
     for step, batch in enumerate(batches):
         seg = step % n_segments
@@ -1137,7 +1137,7 @@ def test_pretraining_settings_that_cannot_work_are_refused():
 # ---------------------------------------------------------------- span-based targets
 
 def test_span_targets_are_spans_of_1_to_5_predicted_after_all_the_context():
-    """kind='spans': n_predict distinct positions in runs of 1 to MAX_SPAN with context
+    """factorisation='spans': n_predict distinct positions in runs of 1 to MAX_SPAN with context
     between runs; every target's query sees all the context and never itself; the targets
     are ranked after the context in a random order (so some target sees another); many
     draws reach every span length and both ends of the sequence."""
@@ -1145,7 +1145,7 @@ def test_span_targets_are_spans_of_1_to_5_predicted_after_all_the_context():
 
     torch.manual_seed(0)
     T, n, B = 32, 11, 200
-    (content, query), targets = training_masks(B, T, n, kind="spans")
+    (content, query), targets = training_masks(B, T, n, factorisation="spans")
     assert targets.shape == (B, n)
     lengths, ends = set(), set()
     for b in range(B):
@@ -1167,4 +1167,4 @@ def test_span_targets_are_spans_of_1_to_5_predicted_after_all_the_context():
         assert query[b][is_target][:, is_target].any()  # an order among the targets
     assert lengths == set(range(1, MAX_SPAN + 1)) and ends == {True, False}
     with pytest.raises(ValueError, match="do not fit"):
-        training_masks(1, 8, 8, kind="spans")
+        training_masks(1, 8, 8, factorisation="spans")

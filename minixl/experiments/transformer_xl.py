@@ -174,7 +174,7 @@ def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
                     with torch.no_grad():
                         _, mems = model(x[:, :T])  # the first half, by the current weights
                     x, y = x[:, T:], y[:, T:]
-                elif arm == "ordered, stale memory" and batch.fresh:
+                elif arm == "ordered, stale memory" and batch.reset_state:
                     mems = None
                 logits, new = model(x, mems if memory else None)
                 if arm == "ordered, stale memory":

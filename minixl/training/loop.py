@@ -41,7 +41,8 @@ from .metrics import LossMeter, TrainingDiverged
 from .run_folder import CHECKPOINT, RunFolder, SaveFailed, restore
 from .signals import StopNow, Stopper, TrainingInterrupted
 
-__all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "Net", "train_step", "train"]
+__all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "ModelWithLoss", "train_step",
+           "train"]
 
 
 @dataclass
@@ -118,7 +119,7 @@ def next_byte_objective(model: nn.Module, x: torch.Tensor, y: torch.Tensor, stat
     return {"loss": F.cross_entropy(logits.float().flatten(0, 1), y.flatten())}, state
 
 
-class Net(nn.Module):
+class ModelWithLoss(nn.Module):
     """The model and the objective's own weights as one module whose forward is the loss.
 
     DistributedDataParallel wraps this: its forward builds the whole graph, so the backward
@@ -128,9 +129,10 @@ class Net(nn.Module):
     def __init__(self, model: nn.Module, objective: Callable | None = None):
         super().__init__()
         objective = next_byte_objective if objective is None else objective
-        own = objective if isinstance(objective, nn.Module) else nn.Module()
-        self.model, self.own = model, own
-        self.__dict__["objective"] = objective  # may be `own` itself: not registered twice
+        # the objective's own weights (an empty module for a plain function)
+        weights = objective if isinstance(objective, nn.Module) else nn.Module()
+        self.model, self.objective_weights = model, weights
+        self.__dict__["objective"] = objective  # may be the weights' module: not registered twice
 
     def forward(self, x, y, state, progress: float):
         return self.objective(self.model, x, y, state, progress)
@@ -217,26 +219,28 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
 def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, overwrite,
            allow_change, meta, progress, no_decay, cleanup) -> TrainResult:
     device = ranks.device
-    net = Net(model, objective).to(device)
-    run, plan, cfg = _open_run(ranks, out, model, net.own, cfg, meta, resume, overwrite,
+    net = ModelWithLoss(model, objective).to(device)
+    weights = net.objective_weights
+    run, plan, cfg = _open_run(ranks, out, model, weights, cfg, meta, resume, overwrite,
                                allow_change, cleanup)
-    opt = make_optimizer([model, net.own], cfg, device, no_decay=no_decay)
+    opt = make_optimizer([model, weights], cfg, device, no_decay=no_decay)
     start, state = 0, None
     if plan is not None and plan["ckpt"] is not None:
-        start, state = restore(plan["ckpt"], plan["changed"], model, net.own, opt, cfg, device,
+        start, state = restore(plan["ckpt"], plan["changed"], model, weights, opt, cfg, device,
                                Path(out) / CHECKPOINT, say=ranks.rank == 0, no_decay=no_decay)
     b = cfg.batch_size // ranks.world  # this process's rows of each batch (and of the state)
     mine, micro = slice(ranks.rank * b, (ranks.rank + 1) * b), b // cfg.grad_accum
     state = states.to_device(states.rows(state, mine), device) if state is not None else None
-    rec = _Records(run, out is not None, ranks, model, cfg, opt, start)
+    rec = _AgreedRecords(run, out is not None, ranks, model, cfg, opt, start)
     if out is not None and start:
         rec.agreed(lambda: run.trim(start))  # metrics rows after the checkpoint are redone
     if cfg.compile:
         model.compile()  # compiles the module in place: its state_dict keys stay plain
     if ranks.on and start < cfg.steps:
-        x, y, fresh = batches(start)
+        x, y, reset_state = batches(start)
         net = wrap_ddp(net, x[mine][:micro].to(device), y[mine][:micro].to(device),
-                       None if fresh or state is None else states.rows(state, slice(0, micro)),
+                       None if reset_state or state is None
+                       else states.rows(state, slice(0, micro)),
                        device)
     params = [p for p in net.parameters() if p.requires_grad]
     log, bar = rec.begin(progress)  # the clock starts here
@@ -245,7 +249,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     with Stopper(enabled=out is not None, distributed=ranks.on, quiet=ranks.rank != 0) as stopper:
         try:
             for step in bar:
-                x, y, fresh = batches(step)  # the whole batch; this process takes its rows
+                x, y, reset_state = batches(step)  # the whole batch; this process: its rows
                 for group in opt.param_groups:
                     group["lr"] = cfg.lr_at(step)
                 # micro-batch k of the step's batch (k = 0 in a one-process run without
@@ -254,7 +258,8 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                 seeds = [step_seed(cfg.seed, step, stream=1 + 256 * k)
                          for k in range(first, first + cfg.grad_accum)]
                 parts, state, norm = train_step(
-                    net, opt, x[mine].to(device), y[mine].to(device), None if fresh else state,
+                    net, opt, x[mine].to(device), y[mine].to(device),
+                    None if reset_state else state,
                     micro=micro, seeds=seeds, progress=step / cfg.steps,
                     grad_clip=cfg.grad_clip, device=device, params=params)
                 done = step + 1
@@ -316,7 +321,7 @@ def _open_run(ranks, out, model, own, cfg, meta, resume, overwrite, allow_change
     return run, plan, cfg
 
 
-class _Records:
+class _AgreedRecords:
     """What a run writes, agreed by every process: rank 0 writes the metrics rows and the
     checkpoints, and every process stops if a write failed (or the run diverged)."""
 

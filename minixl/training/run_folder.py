@@ -28,7 +28,8 @@ from . import state as states
 from .metrics import draw_loss, format_row, metrics_up_to
 from .optim import load_optimizer_state
 
-__all__ = ["CHECKPOINT", "METRICS", "PLOT", "FREE", "BEFORE", "RunFolder", "restore",
+__all__ = ["CHECKPOINT", "METRICS", "PLOT", "CHANGEABLE_ON_RESUME", "UNRECORDED_DEFAULTS",
+           "RunFolder", "restore",
            "SaveFailed"]
 
 CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
@@ -36,11 +37,11 @@ CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # splits the same batch into micro-batches; like the number of processes and the optimiser's
 # kernel, it changes only the order of float additions and which dropout mask falls on
 # which row).
-FREE = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "grad_accum",
-        "fused")
+CHANGEABLE_ON_RESUME = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device",
+                        "grad_accum", "fused")
 # Settings added after checkpoints of this format were first written: a checkpoint without
 # one was trained with the value here.
-BEFORE = {"weight_decay_on": "all", "grad_accum": 1, "fused": False}
+UNRECORDED_DEFAULTS = {"weight_decay_on": "all", "grad_accum": 1, "fused": False}
 # Before model kinds declared their objectives, every checkpoint recorded Chapter 2's
 # default as its objective; a kind without objective options now records none.
 LEGACY_OBJECTIVE = "positions targets=1"
@@ -54,7 +55,7 @@ class SaveFailed(Exception):
 
 
 # what a failed write's errno means, and what to do about it
-WHY = {errno.ENOSPC: ("the disk is full", "free space on it"),
+WRITE_ERRORS = {errno.ENOSPC: ("the disk is full", "free space on it"),
        errno.EDQUOT: ("the disk quota is used up", "free space or raise the quota"),
        errno.EFBIG: ("the file would exceed this process's file-size limit",
                      "raise the limit (ulimit -f)"),
@@ -67,7 +68,7 @@ WHY = {errno.ENOSPC: ("the disk is full", "free space on it"),
 
 def _why(err: OSError) -> tuple[str, str]:
     """(what a failed write's error means, with its errno's name; what to do about it)."""
-    why, fix = WHY.get(err.errno, (err.strerror or str(err), "check the disk"))
+    why, fix = WRITE_ERRORS.get(err.errno, (err.strerror or str(err), "check the disk"))
     return f"{why} ({errno.errorcode.get(err.errno, str(err.errno))})", fix
 
 
@@ -96,7 +97,8 @@ class RunFolder:
 
     def __init__(self, out: Path, model, own, cfg, meta: dict):
         self.out, self.ckpt = out, out / CHECKPOINT
-        self.model, self.own, self.opt, self.cfg, self.meta = model, own, None, cfg, meta
+        self.model, self.objective_weights, self.opt = model, own, None
+        self.cfg, self.meta = cfg, meta
         self.saved, self._log, self._writer = 0, None, None
         self._lock, self._made = None, False
         # metrics.csv's size when the last checkpoint was saved (None: it did not exist then)
@@ -136,7 +138,8 @@ class RunFolder:
     def identity(model_config: dict, train_config: dict, meta: dict) -> dict:
         """The settings that define what a run learns, flat, for the resume check."""
         ident = {f"model.{k}": v for k, v in model_config.items()}
-        ident |= {k: v for k, v in {**BEFORE, **train_config}.items() if k not in FREE}
+        ident |= {k: v for k, v in {**UNRECORDED_DEFAULTS, **train_config}.items()
+                  if k not in CHANGEABLE_ON_RESUME}
         return ident | dict(meta)
 
     def begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
@@ -201,7 +204,8 @@ class RunFolder:
             save_checkpoint(self.ckpt, {
                 "format": FORMAT, "step": step, "model": self.model.state_dict(),
                 "model_config": asdict(self.model.config), "meta": self.meta,
-                "train_config": asdict(self.cfg), "objective": self.own.state_dict(),
+                "train_config": asdict(self.cfg),
+                "objective": self.objective_weights.state_dict(),
                 "optimizer": self.opt.state_dict(),
                 "state": states.encode(states.to_device(state, "cpu")),
             })
@@ -319,7 +323,7 @@ class RunFolder:
             os.replace(tmp, path)  # renamed: a failed write keeps the last plot
         except OSError as err:
             tmp.unlink(missing_ok=True)
-            why = WHY.get(err.errno, (err.strerror or str(err),))[0]
+            why = WRITE_ERRORS.get(err.errno, (err.strerror or str(err),))[0]
             print(f"minixl train: warning: could not draw {path}: {why}; the checkpoint and "
                   "metrics.csv are as they should be, and the next run into the folder draws "
                   "it again", file=sys.stderr)
@@ -331,7 +335,7 @@ def restore(ckpt: dict, changed: dict, model, own, opt, cfg, device, path, *, sa
     try:
         model.load_state_dict(ckpt["model"])
         own.load_state_dict(ckpt["objective"])
-        saved_on = {**BEFORE, **ckpt["train_config"]}["weight_decay_on"]
+        saved_on = {**UNRECORDED_DEFAULTS, **ckpt["train_config"]}["weight_decay_on"]
         load_optimizer_state(opt, ckpt["optimizer"], saved_on, [model, own], cfg, device,
                              no_decay=no_decay)
         state = states.decode(ckpt["state"])
