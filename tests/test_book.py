@@ -458,6 +458,8 @@ def test_the_readme_is_read_against_the_csvs_each_section_names(tmp_path):
     assert len(got) == 3, got  # a drifted timing; a section that names no CSV reads none
     assert got[0].startswith("README.md:3: 0.0151 is not in the stored outputs")
     assert "3.10 is not" in got[1] and "0.0149 is not" in got[2]
+    readme.write_text("## Timings\n\n```\nminixl bench --csv book/run.csv\n```\n\n0.0149 s.\n")
+    assert "0.0149 is not" in readme_problems(readme, tmp_path / "book")[0]  # named in code only
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ preset is `minixl.launch` (above the kinds; this package sits below the chapters
 can be skipped on a first reading:
 
 - `optim.py`: AdamW and its weight-decay groups;
-- `run_folder.py`: checkpoints, resuming, and writing metrics.csv and loss.png;
-- `metrics.py`: the loss meter, metrics.csv's rows and loss.png;
+- `run_folder.py`: the run folder: its lock, checkpoints, resuming, and the files it writes;
+- `metrics.py`: the loss meter, what a metrics.csv row holds, reading one back, loss.png;
 - `signals.py`: stopping after a whole step on Ctrl-C or SIGTERM;
 - `distributed.py`: several processes under torchrun;
 - `state.py`: a model's state of any shape, split, moved and saved.

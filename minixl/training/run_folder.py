@@ -55,15 +55,16 @@ class SaveFailed(Exception):
 
 
 # what a failed write's errno means, and what to do about it
-WRITE_ERRORS = {errno.ENOSPC: ("the disk is full", "free space on it"),
-       errno.EDQUOT: ("the disk quota is used up", "free space or raise the quota"),
-       errno.EFBIG: ("the file would exceed this process's file-size limit",
-                     "raise the limit (ulimit -f)"),
-       errno.EACCES: ("no permission to write there", "make the folder writable"),
-       errno.EPERM: ("no permission to write there", "make the folder writable"),
-       errno.EROFS: ("the filesystem is read-only", "remount it writable or copy the folder"),
-       errno.EIO: ("an input/output error (a failing disk or network filesystem)",
-                   "check the disk")}
+WRITE_ERRORS = {
+    errno.ENOSPC: ("the disk is full", "free space on it"),
+    errno.EDQUOT: ("the disk quota is used up", "free space or raise the quota"),
+    errno.EFBIG: ("the file would exceed this process's file-size limit",
+                  "raise the limit (ulimit -f)"),
+    errno.EACCES: ("no permission to write there", "make the folder writable"),
+    errno.EPERM: ("no permission to write there", "make the folder writable"),
+    errno.EROFS: ("the filesystem is read-only", "remount it writable or copy the folder"),
+    errno.EIO: ("an input/output error (a failing disk or network filesystem)",
+                "check the disk")}
 
 
 def _why(err: OSError) -> tuple[str, str]:

@@ -282,7 +282,8 @@ def readme_problems(readme: Path = ROOT / "README.md", book: Path = BOOK) -> lis
     text = readme.read_text()
     cells = []
     for section in _sections(text):
-        named = sorted(n for n in set(CSV_NAMED.findall(section)) if (book / n).exists())
+        prose = _blank(section, _NOT_QUOTED[1])  # a CSV named in fenced code is not quoted
+        named = sorted(n for n in set(CSV_NAMED.findall(prose)) if (book / n).exists())
         rows = [row for n in named for row in csv.reader((book / n).open(newline=""))]
         printed = "\n".join("   ".join(row) for row in rows)  # fields apart, as printed
         cells += [{"cell_type": "code", "source": "", "outputs": [{"text": printed}]},
