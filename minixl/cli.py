@@ -279,13 +279,14 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _suite(args) -> int:
+def _suite(args, parser: argparse.ArgumentParser) -> int:
     """`minixl bench --suite NAME [options]`: the registry's entry NAME, with its options
-    (all that follows --suite; the benchmark's own options do not apply)."""
+    (all that follows --suite; the benchmark's own options, parsed by `parser`, do not
+    apply)."""
     from .experiments import main as run_entry
 
     own = {k: v for k, v in vars(args).items() if k not in ("suite", "func")}
-    if own != {k: v for k, v in vars(build_parser().parse_args(["bench"])).items()
+    if own != {k: v for k, v in vars(parser.parse_args(["bench"])).items()
                if k not in ("suite", "func")}:
         raise ValueError("--suite NAME runs an entry of the registry of runs with its own "
                          "options: put them after the name (minixl bench --suite NAME "
@@ -393,9 +394,12 @@ def main(argv: list[str] | None = None) -> int:
                                             else [a])]
     try:
         _load_own_kinds(argv)
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         command = args.command
-        return _suite(args) if getattr(args, "suite", None) is not None else args.func(args)
+        if getattr(args, "suite", None) is not None:
+            return _suite(args, parser)
+        return args.func(args)
     except (Exception, KeyboardInterrupt) as err:
         code = exit_code(err)
         if code is None:

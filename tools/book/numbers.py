@@ -35,12 +35,14 @@ _ANY_NUMBER = re.compile(r"(?<![0-9A-Za-wyz_.,])[-\u2212+]?(?:\d{1,3}(?:,\d{3})+
 _MARKER = re.compile(r"<!--\s*(paper|given|derived|from\s+chapter\s+\d+)\s*:(.*?)-->",
                      re.S | re.I)
 _ABOUT = re.compile(r"\b(?:about|roughly|around|nearly|almost|some)\s+$")
+_FENCED = re.compile(r"```.*?```", re.S)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
 _NOT_QUOTED = [
     re.compile(r"<!--.*?-->", re.S),
-    re.compile(r"```.*?```", re.S),
+    _FENCED,
     re.compile(r"\$\$.*?\$\$", re.S),
     re.compile(r"(?<!\\)\$[^$\n]*\$"),
-    re.compile(r"`[^`\n]*`"),
+    _INLINE_CODE,
     re.compile(r"\]\([^)\s]*\)"),
     re.compile(r"https?://\S+|arXiv:\s*\d+\.\d+"),
     re.compile(r"^\s*#+ .*$", re.M),
@@ -194,7 +196,7 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
         at = md_text.find(source, pos)
         pos = at + len(source) if at >= 0 else pos
         first_line = md_text.count("\n", 0, at) + 1 if at >= 0 else 0
-        markers = list(_MARKER.finditer(_blank(_blank(source, _NOT_QUOTED[1]), _NOT_QUOTED[4])))
+        markers = list(_MARKER.finditer(_blank(_blank(source, _FENCED), _INLINE_CODE)))
         # (a marker shown as an example, in code, is not one)
         for m in markers:  # on lines of their own, and not between the items of a list
             before = source[source.rfind("\n", 0, m.start()) + 1:m.start()]
@@ -282,7 +284,7 @@ def readme_problems(readme: Path = ROOT / "README.md", book: Path = BOOK) -> lis
     text = readme.read_text()
     cells = []
     for section in _sections(text):
-        prose = _blank(section, _NOT_QUOTED[1])  # a CSV named in fenced code is not quoted
+        prose = _blank(section, _FENCED)  # a CSV named in fenced code is not quoted
         named = sorted(n for n in set(CSV_NAMED.findall(prose)) if (book / n).exists())
         rows = [row for n in named for row in csv.reader((book / n).open(newline=""))]
         printed = "\n".join("   ".join(row) for row in rows)  # fields apart, as printed
