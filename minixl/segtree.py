@@ -86,8 +86,9 @@ def leaf_context_loop(n: int, i: int, *, rule: str = "segtree", k: int = 1,
                       causal: bool = False) -> list[ContextNode]:
     """The nodes leaf i reads, walking up the tree. 'segtree' (Ye et al. 2019, the workshop
     paper): the leaf, its two neighbouring leaves and the fewest nodes that cover the rest.
-    'bpt' (BP-Transformer): k nodes per side and level, with alignment nodes. The spans are
-    disjoint and cover 0..n-1 (0..i when causal: no right side)."""
+    'bpt' (BP-Transformer, as its authors' graph builder walks it): k slots per side and
+    level, the first of which holds a node of the level below where the covered block's edge
+    is off the level's grid. The spans are disjoint and cover 0..n-1 (0..i when causal)."""
     check_rule(rule, k)
     if not 0 <= i < n:
         raise ValueError(f"leaf {i} is not in 0..{n - 1}")
@@ -112,23 +113,18 @@ def leaf_context_loop(n: int, i: int, *, rule: str = "segtree", k: int = 1,
             level += 1
         return ctx
     level = 0
-    while lo > 0 or (right and hi < n):  # BPT, step `level`
-        if level > 0:  # align the edges to this level with one node of the level below
-            half = 1 << (level - 1)
-            if lo % (2 * half):
-                ctx.append(ContextNode(level - 1, lo // half - 1, "left", level))
-                lo -= half
-            if right and hi < n and hi % (2 * half):
-                ctx.append(ContextNode(level - 1, hi // half, "right", level))
-                hi = min(hi + half, n)
-        size = 1 << level
-        for _ in range(k):  # k nodes of this level on each side
+    while lo > 0 or (right and hi < n):  # BPT, step `level`: k slots per side
+        for _ in range(k):
+            # An edge off this level's grid (it sits half a node in) first takes the node of
+            # the level below that reaches the grid: an alignment node, in one of the k slots.
             if lo > 0:
-                ctx.append(ContextNode(level, lo // size - 1, "left", level))
-                lo -= size
+                lv = level - 1 if lo % (1 << level) else level
+                ctx.append(ContextNode(lv, (lo >> lv) - 1, "left", level))
+                lo -= 1 << lv
             if right and hi < n:
-                ctx.append(ContextNode(level, hi // size, "right", level))
-                hi = min(hi + size, n)
+                lv = level - 1 if hi % (1 << level) else level
+                ctx.append(ContextNode(lv, hi >> lv, "right", level))
+                hi = min(hi + (1 << lv), n)
         level += 1
     return ctx
 
@@ -194,8 +190,10 @@ def segtree_graph(n: int, *, rule: str = "segtree", k: int = 1, causal: bool = F
     lo, hi = i.clone(), i + 1
     cols, valids, types = [i], [torch.ones(n, dtype=torch.bool, device=device)], [torch.zeros_like(i)]
 
-    def take(level, p, ok, side, step):
-        cols.append(torch.where(ok, offsets[level] + p, 0))
+    first = torch.tensor(offsets, device=device)  # node id of each level's first node
+
+    def take(level, p, ok, side, step):  # level: an int, or a tensor of levels (one per leaf)
+        cols.append(torch.where(ok, first[level] + p, 0))
         valids.append(ok)
         types.append(torch.full_like(i, edge_type(side, step)))
 
@@ -217,24 +215,16 @@ def segtree_graph(n: int, *, rule: str = "segtree", k: int = 1, causal: bool = F
                 hi = torch.where(ok, (hi + (1 << level)).clamp(max=n), hi)
     else:
         for level in range(L):
-            if level > 0:
-                half = 1 << (level - 1)
-                ok = (lo > 0) & (lo % (2 * half) != 0)
-                take(level - 1, lo // half - 1, ok, "left", level)
-                lo = torch.where(ok, lo - half, lo)
-                if not causal:
-                    ok = (hi < n) & (hi % (2 * half) != 0)
-                    take(level - 1, hi // half, ok, "right", level)
-                    hi = torch.where(ok, (hi + half).clamp(max=n), hi)
-            size = 1 << level
-            for _ in range(k):
+            for _ in range(k):  # as the loop: an edge off the grid takes the level below's node
                 ok = lo > 0
-                take(level, lo // size - 1, ok, "left", level)
-                lo = torch.where(ok, lo - size, lo)
+                lv = level - (lo % (1 << level) != 0).long()
+                take(lv, (lo >> lv) - 1, ok, "left", level)
+                lo = torch.where(ok, lo - (1 << lv), lo)
                 if not causal:
                     ok = hi < n
-                    take(level, hi // size, ok, "right", level)
-                    hi = torch.where(ok, (hi + size).clamp(max=n), hi)
+                    lv = level - (hi % (1 << level) != 0).long()
+                    take(lv, hi >> lv, ok, "right", level)
+                    hi = torch.where(ok, (hi + (1 << lv)).clamp(max=n), hi)
     valid = torch.stack(valids, 1)
     keep = valid.any(0)  # drop columns no leaf uses
     groups = [NodeGroup(i, torch.stack(cols, 1)[:, keep], valid[:, keep],

@@ -492,7 +492,27 @@ def test_bpt_context_checker_names_the_slip(capsys):
             level += 1
         return spans
 
+    def alignment_on_top(n, i, k=1, causal=False):  # the alignment node in an extra slot
+        spans, lo, hi, level = [(i, i)], i, i + 1, 0
+        while lo > 0 or (not causal and hi < n):
+            if level:
+                half = 1 << (level - 1)
+                if lo % (2 * half):
+                    spans, lo = spans + [(lo - half, lo - 1)], lo - half
+                if not causal and hi < n and hi % (2 * half):
+                    spans, hi = spans + [(hi, min(hi + half, n) - 1)], min(hi + half, n)
+            for _ in range(k):
+                if lo > 0:
+                    spans, lo = spans + [(lo - (1 << level), lo - 1)], lo - (1 << level)
+                if not causal and hi < n:
+                    spans.append((hi, min(hi + (1 << level), n) - 1))
+                    hi = min(hi + (1 << level), n)
+            level += 1
+        return spans
+
     fails_with(capsys, check.bpt_context, no_alignment, "not BPT's nodes")
+    fails_with(capsys, check.bpt_context, alignment_on_top, "took a slot of its own",
+               "first of the level's k nodes")
     fails_with(capsys, check.bpt_context,
                lambda n, i, k=1, causal=False: [s for s in bpt_spans(n, i, k, causal)
                                                 if s[1] - s[0] != 1], "not covered",

@@ -3,6 +3,8 @@ runs on a tiny setting here, through the real command line, and writes the colum
 chapters read. (The numbers themselves are the runs' to report, not the tests'.)"""
 
 import csv
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -341,3 +343,27 @@ def test_the_readme_lists_every_entry_with_its_csv():
     assert not unlisted, f"add {', '.join(unlisted)} (name, what it measures, CSV) to the " \
                          "README's table of entries"
     assert listed == [(e.name, e.csv) for e in EXPERIMENTS.values()]
+
+
+def test_the_flag_task_gives_one_answer_run_to_run():
+    """Chapter 6.9's flag task, tiny, twice: here, and in a fresh process whose torch uses two
+    threads. The task pins its own thread count (and restores the caller's), so the two runs
+    give the same accuracies to the last digit."""
+    import torch
+
+    from minixl.experiments.segtree import flag_reach
+
+    settings = dict(window_steps=30, tree_steps=15, eval_size=256, n_layer=1, d_model=32,
+                    n_head=2, d_inner=64)
+    before = torch.get_num_threads()
+    here = flag_reach(**settings)
+    assert torch.get_num_threads() == before
+    code = ("import json, torch; torch.set_num_threads(2); "
+            "from minixl.experiments.segtree import flag_reach; "
+            f"print(json.dumps(flag_reach(**{settings!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    there = {name: tuple(v) for name, v in json.loads(out.stdout.splitlines()[-1]).items()}
+    assert there == here
+    assert set(here) == {"dense, last 16 bytes", "SegTree, root"}
+    assert all(0 <= a <= 1 for accs in here.values() for a in accs)

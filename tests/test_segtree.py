@@ -47,6 +47,114 @@ def test_every_leaf_reads_disjoint_spans_that_cover_its_context(rule, k, causal)
             assert sorted(zip(leaves.index[i][row].tolist(), leaves.etype[i][row].tolist())) == want
 
 
+def bpt_builder_reads(n, k, causal):
+    """What BP-Transformer's authors' graph builder (github.com/yzh119/BPT,
+    graph_builder/builder.pyx, BinaryPartition.build_graph) makes each node read, its
+    algorithm re-expressed here for comparison: {node id: {(node it reads, their edge type)}},
+    with None for a leaf where the builder would index past the end of a level (which happens
+    only when n is not a power of two).
+
+    Per leaf, two pointers start at the neighbouring leaves and climb a level at a time. At
+    each level each side gets `k` slots; a slot normally takes the pointer's node of that
+    level, but when the pointer left the level below on a node whose parent overlaps what is
+    already read (a left child on the left, a right child on the right), the first slot takes
+    that child instead. Edge types: (2k + 1) per level, 2 slot + 1 on the left and 2 slot + 2
+    on the right; a leaf's edge to its ancestor at level j (the ancestor reads the leaf) has
+    type (2k + 1) j, which is the self edge at j = 0. (The builder also clips the level at 10
+    in the types; n <= 1,024 never reaches it.)"""
+    sizes, m = [], n
+    while m >= 2:
+        sizes.append(m)
+        m = (m + 1) // 2
+    sizes.append(1)
+    first = [sum(sizes[:j]) for j in range(len(sizes))]
+    reads = {v: set() for v in range(sum(sizes))}
+    for i in range(n):
+        try:
+            _builder_walk(i, k, causal, sizes, first, reads)
+        except IndexError:
+            reads[i] = None
+    return reads
+
+
+def _builder_walk(i, k, causal, sizes, first, reads):
+    """One leaf of `bpt_builder_reads`; IndexError where the builder reads past a level."""
+    per_level = 2 * k + 1
+    left, right = i - 1, i + 1  # each side's next node, in the current level
+    left_child = right_child = False  # the next read on that side is the level below's
+    for j in range(len(sizes)):
+        for slot in range(k):
+            if not causal and right < sizes[j]:
+                if right_child and 2 * right + 1 >= sizes[j - 1]:
+                    raise IndexError(f"leaf {i}: node {2 * right + 1} of level {j - 1}")
+                node = first[j - 1] + 2 * right + 1 if right_child else first[j] + right
+                reads[i].add((node, per_level * j + 2 * slot + 2))
+                right_child = False
+            right += 1
+            if left >= 0:
+                node = first[j - 1] + 2 * left if left_child else first[j] + left
+                reads[i].add((node, per_level * j + 2 * slot + 1))
+                left_child = False
+            left -= 1
+        left_child = left_child or (left & 1) == 0
+        right_child = right_child or (right & 1) == 1
+        left, right = left >> 1, right >> 1
+        reads[first[j] + (i >> j)].add((i, per_level * j))
+
+
+def as_our_type(t, k, leaf):
+    """One of BPT's edge types as ours: theirs tell the k slots of a side and level apart,
+    ours (the SegTree paper's appendix A.2) only the side and the level, so the map from
+    theirs to ours must be a function for the test to pass."""
+    level, r = divmod(t, 2 * k + 1)
+    if r == 0:
+        return edge_type("self") if leaf else edge_type("anc", level)
+    return edge_type("left" if r % 2 else "right", level)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
+def test_bpt_rule_is_what_the_authors_builder_builds(k, causal):
+    """Every leaf and internal node of every power of two from 2 to 1,024: the loop and the
+    vectorised graph read exactly the builder's nodes, with its edge types coarsened to ours."""
+    for n in (2 ** e for e in range(1, 11)):
+        theirs = bpt_builder_reads(n, k, causal)
+        want = {v: sorted((u, as_our_type(t, k, v < n)) for u, t in got)
+                for v, got in theirs.items()}
+        off = offsets(n)
+        for i in range(n):
+            loop = leaf_context_loop(n, i, rule="bpt", k=k, causal=causal)
+            assert sorted((off[c.level] + c.p, edge_type(c.side, c.step)) for c in loop) \
+                == want[i], (n, i)
+        graph = segtree_graph(n, rule="bpt", k=k, causal=causal)
+        for g in graph.groups:
+            for v, idx, ok, et in zip(g.nodes.tolist(), g.index, g.valid, g.etype):
+                assert sorted(zip(idx[ok].tolist(), et[ok].tolist())) == want[v], (n, v)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_bpt_rule_off_the_powers_of_two_agrees_wherever_the_builder_is_defined(k):
+    """The builder is meant for powers of two; for other n our rule reads the builder's nodes
+    on every leaf where it stays inside its levels (most of them), a disjoint cover on the
+    others (test_every_leaf_reads_disjoint_spans_that_cover_its_context)."""
+    agreed = undefined = 0
+    for n in range(3, 130):
+        if n & (n - 1) == 0:
+            continue
+        for causal in (False, True):
+            theirs = bpt_builder_reads(n, k, causal)
+            off = offsets(n)
+            for i in range(n):
+                if theirs[i] is None:
+                    undefined += 1
+                    continue
+                agreed += 1
+                loop = leaf_context_loop(n, i, rule="bpt", k=k, causal=causal)
+                assert sorted(off[c.level] + c.p for c in loop) == \
+                    sorted(u for u, _ in theirs[i]), (n, i, causal)
+    assert undefined > 0 and agreed > 5 * undefined, (agreed, undefined)
+
+
 @functools.lru_cache(maxsize=None)
 def smallest_cover(n, i, causal):
     """The fewest tree nodes that hold the leaf and its neighbours as nodes of their own and,
@@ -109,15 +217,18 @@ def test_no_subset_of_tree_nodes_beats_the_segtree_rule_for_small_n():
 
 def test_the_examples_of_the_issue_and_the_reference():
     """n = 16, leaf 3: {0-1, 2, 3, 4, 5, 6-7, 8-15}; n = 11, leaf 5: 6 nodes with [0,3] and
-    [8,10], where BPT at k = 1 reads 8 with [0,1] and [2,3]."""
+    [8,10]. BPT at k = 1 (its builder): n = 8, leaf 1 reads 5 nodes, [4, 7] as one; at n = 16
+    leaf 3 it agrees with the SegTree rule, leaf 9 it does not."""
     def spans(n, i, **rule):
         return sorted(node_span(n, c.level, c.p) for c in leaf_context_loop(n, i, **rule))
 
     assert spans(16, 3) == [(0, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 7), (8, 15)]
     assert spans(11, 5) == [(0, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 10)]
-    assert spans(11, 5, rule="bpt") == [(0, 1), (2, 3), (4, 4), (5, 5), (6, 6), (7, 7), (8, 9),
-                                        (10, 10)]
-    assert spans(16, 3, rule="bpt")[-2:] == [(8, 11), (12, 15)]
+    assert spans(8, 1, rule="bpt") == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 7)]
+    assert spans(16, 3, rule="bpt") == spans(16, 3)
+    assert spans(16, 9, rule="bpt") == [(0, 3), (4, 5), (6, 7), (8, 8), (9, 9), (10, 10),
+                                        (11, 11), (12, 15)]
+    assert spans(16, 9) == [(0, 7), (8, 8), (9, 9), (10, 10), (11, 11), (12, 15)]
     assert spans(16, 7, causal=True) == [(0, 3), (4, 5), (6, 6), (7, 7)]
 
 

@@ -24,6 +24,29 @@ def _spans(n: int, i: int, causal: bool, **rule) -> list[tuple[int, int]]:
                   for c in segtree.leaf_context_loop(n, i, causal=causal, **rule))
 
 
+def _alignment_on_top(n: int, i: int, k: int, causal: bool) -> list[tuple[int, int]]:
+    """The typical slip in BPT's rule (this book's first two editions made it): the alignment
+    node of the level below taken in a slot of its own, before k more nodes of the level."""
+    spans, lo, hi, level = [(i, i)], i, i + 1, 0
+    while lo > 0 or (not causal and hi < n):
+        half = (1 << level) >> 1
+        if level and lo % (1 << level):
+            spans.append((lo - half, lo - 1))
+            lo -= half
+        if level and not causal and hi < n and hi % (1 << level):
+            spans.append((hi, min(hi + half, n) - 1))
+            hi = min(hi + half, n)
+        for _ in range(k):
+            if lo > 0:
+                spans.append((lo - (1 << level), lo - 1))
+                lo -= 1 << level
+            if not causal and hi < n:
+                spans.append((hi, min(hi + (1 << level), n) - 1))
+                hi = min(hi + (1 << level), n)
+        level += 1
+    return sorted(spans)
+
+
 def _answer(fn: Callable, *args, **kwargs) -> tuple[list | None, str | None]:
     """fn's spans, sorted as (first, last) pairs, or None and what was wrong."""
     got, err = _call(fn, *args, **kwargs)
@@ -103,7 +126,8 @@ def leaf_context(fn: Callable[..., list]) -> bool:
 
 def bpt_context(fn: Callable[..., list]) -> bool:
     """Check fn(n, i, k=1, causal=False) -> the spans (first, last) of the nodes leaf i reads
-    under BP-Transformer's rule: k nodes per side and level, with alignment nodes."""
+    under BP-Transformer's rule as its authors' graph builder walks it: k slots per side and
+    level, the first of which holds the level below's node where the edge is off the grid."""
 
     def hint(case, spans, want):
         n, i, k, causal = case
@@ -114,6 +138,10 @@ def bpt_context(fn: Callable[..., list]) -> bool:
                             "before moving up.")
         if found is not None:
             return found
+        if spans == _alignment_on_top(n, i, k, causal):
+            return (f"the alignment node took a slot of its own: in BPT's graph builder it is "
+                    f"the first of the level's k nodes on that side, not one more ({len(spans)} "
+                    f"nodes where BPT reads {len(want)}: {want}).")
         return (f"the spans cover the sequence but are not BPT's nodes: expected {want}, got "
                 f"{spans}. Align to the level before taking its k nodes on each side.")
 
