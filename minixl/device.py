@@ -90,3 +90,20 @@ def peak_rss_mb(reset: bool = False) -> float | None:
     except OSError:
         pass
     return None
+
+
+def memory_capacity(device: torch.device) -> tuple[int | None, str]:
+    """(bytes a run on `device` may use, where that number comes from): a GPU's total memory,
+    or on the CPU the memory Linux says is available now (MemAvailable in /proc/meminfo). None
+    where it cannot be read (then nothing is refused on its account)."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return props.total_memory, f"{props.name}'s memory"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "this machine's available memory"
+    except OSError:
+        pass
+    return None, "unknown"

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import Corpus, load_corpus
-from .device import training_device
+from .device import memory_capacity, training_device
 from .evaluation import check_protocol, evaluate
 from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_overrides
 from .options import flag
@@ -106,6 +106,21 @@ def build_model(model: str | ModelKind | None = None, preset: str | None = None,
                            train_settings=train_settings, objective_options=objective_options))
 
 
+def check_memory(s: RunPlan, device: torch.device) -> None:
+    """Refuse, in one line with the estimate, a run whose kind estimates that one training
+    step needs more memory than `device` has (nothing is allocated yet)."""
+    if s.kind.memory is None:
+        return
+    need = s.kind.memory(s.model_config, s.config.batch_size)
+    have, what = memory_capacity(device)
+    if have is not None and need > have:
+        raise ValueError(f"--model {s.kind.name} --preset {s.preset} at these settings needs "
+                         f"about {need / 2**30:,.1f} GiB for one training step at batch "
+                         f"{s.config.batch_size}, more than {what} ({have / 2**30:,.1f} GiB on "
+                         f"{device}); lower --batch-size or {flag(s.kind.length)}, or use a "
+                         "machine with more memory")
+
+
 def _build(s: RunPlan) -> BuiltModel:
     """The model and objective of settings, seeded once with the run's seed."""
     torch.manual_seed(s.config.seed)  # the model's weights, then the objective's own
@@ -169,8 +184,11 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     for k, v in kept_on_resume(out, resume).items():
         if train_settings.get(k) is None:
             train_settings[k] = v
-    built = _build(plan_run(model, preset, model_settings=model_settings,
-                            train_settings=train_settings, objective_options=objective_options))
+    plan = plan_run(model, preset, model_settings=model_settings,
+                    train_settings=train_settings, objective_options=objective_options)
+    where = training_device(plan.config.device)
+    check_memory(plan, where)  # before the model or any batch is allocated
+    built = _build(plan)
     kind, cfg, length = built.kind, built.config, built.length
     protocol = check_protocol(kind.protocol(), length, what=flag(kind.length), kind=kind)
     # (found now, not after training)
@@ -179,7 +197,6 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
         raise ValueError(f"the valid split of {data.name!r} has {len(data.valid):,} bytes, too "
                          f"few for one window of {length}; use more text or a smaller "
                          f"{flag(kind.length)}")
-    where = training_device(cfg.device)
     # the train split (at most ~100 MB of bytes) goes to the device once: batches are cut there
     batches = kind.batches(data.train.to(where), cfg.batch_size, built.model.config,
                            seed=cfg.seed)
