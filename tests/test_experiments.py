@@ -172,10 +172,11 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert all(0 < float(r["seconds"]) <= float(r["median_seconds"]) for r in rows)
     assert all(float(r["peak_mb"]) >= 0 for r in rows) and {r["device"] for r in rows} == {"cpu"}
     text = capsys.readouterr().out
-    assert "n=128: dense fused / segtree time" in text and "time slope over n = " not in text
+    assert "n=128: dense fused / segtree time" in text and "slope per step of n: 64->128 " in text
+    assert "fitted over" not in text  # nothing from 8,192 up: no fit over the top of the range
     rows = run("segtree_cost", "--methods", "segtree,dense-fused", "--min-n", "1024", "--max-n", "2048")
     assert {r["method"] for r in rows} == {"segtree", "dense-fused"}
-    assert "segtree time slope over n = 1024..2048" in capsys.readouterr().out
+    assert "slope per step of n: 1024->2048 " in capsys.readouterr().out
 
     rows = run("segtree_quality")
     assert [r["arm"] for r in rows] == ["dense", "shaw", "segtree", "segtree-post"]
