@@ -293,23 +293,26 @@ def _segtree_flops(model: nn.Module) -> float:
 
 
 def _segtree_memory(c: SegTreeConfig, batch_size: int) -> float:
-    """Bytes of one training step, roughly (float32): the weights, their gradients and AdamW's
-    two moments, and per layer what autograd keeps and the backward pass adds. On the
-    gathered path (BPT's rule) that is dominated by every padded neighbour slot's gathered key
-    and value, their gradients and the slot's score per head; on the fast path (the SegTree
-    rule) by one weight per slot and head, and on both by the projections over all nodes."""
+    """Bytes of one forward and backward pass over batch_size windows, roughly (float32): the
+    weights, their gradients and AdamW's two moments; what autograd keeps of every layer; and
+    what the backward pass of one layer adds while it runs. On the gathered path (BPT's rule)
+    the layer's share is dominated by every padded neighbour slot's gathered key and value
+    and the slot's score per head; on the fast path (the SegTree rule) by one weight per slot
+    and head; on both by the projections and the feed-forward layer over all nodes."""
     n, d, B = c.block_size, c.d_model, batch_size
     sizes = tree_sizes(n)
     nodes = sum(sizes)
     params = c.n_layer * (4 * d * d + 2 * d * c.d_inner) + 2 * c.vocab_size * d
-    per_node = 16 * d + 4 * c.d_inner  # norms, q/k/v, output, projection, the FFN, their grads
     if c.rule == "segtree":
-        attention = n * (1 + 2 * len(sizes)) * c.n_head * 4 + nodes * 4 * d
+        slots = n * (1 + 2 * len(sizes)) * c.n_head  # one weight per slot and head
+        kept, grads = nodes * 3 * d + slots, nodes * 3 * d + 2 * slots
     else:
         graph = segtree_graph(n, rule=c.rule, k=c.k, causal=c.causal)
-        slots = sum(g.index.numel() for g in graph.groups)
-        attention = slots * (4 * d + 4 * c.n_head)
-    return 4 * (4 * params + c.n_layer * B * (nodes * per_node + attention))
+        slots = sum(g.index.numel() for g in graph.groups)  # padded neighbour slots
+        kept, grads = slots * (2 * d + 2 * c.n_head), slots * (2 * d + 2 * c.n_head)
+    kept += nodes * (8 * d + 2 * c.d_inner)  # norms, projections, the feed-forward layer
+    grads += nodes * (6 * d + 2 * c.d_inner)
+    return 4 * (4 * params + B * (c.n_layer * kept + grads))
 
 
 def _segtree_lm(config: SegTreeConfig) -> nn.Module:
@@ -322,7 +325,7 @@ def _segtree_lm(config: SegTreeConfig) -> nn.Module:
 
 # The SegTree rule (the minimal cover) unless a preset says otherwise. base: BP-Transformer's
 # enwik8 shape (Ye et al. 2019: 12 layers, context 8,192) with the SegTree rule (one training
-# step at batch 4: about 56 GiB by _segtree_memory); segtree-base: BPT's own rule, k = 64, at
+# step at batch 4: about 32 GiB by _segtree_memory); segtree-base: BPT's own rule, k = 64, at
 # a context that fits. The optimiser settings are ours.
 _SEGTREE_BASE = Preset(
     dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=8192, dropout=0.1),
@@ -337,15 +340,15 @@ _SEGTREE_PRESETS = {
     # Binary Partitioning" (Ye et al., 2019): 12 layers, d 512, 8 heads, d_inner 2048, BPT's
     # rule with k 64, but a context of 1,024 where the paper's is 8,192. BPT's rule runs on
     # the gathered path, which keeps every neighbour's key and value: at 8,192 one step at
-    # batch 4 would need about 1,460 GiB (_segtree_memory), at 1,024 and batch 2 about 55 GiB,
-    # which one 80 GB GPU holds. Ours: 20k steps of 2 windows and our optimiser settings;
+    # batch 4 would need about 790 GiB (_segtree_memory), at 1,024 and batch 2 about 30 GiB,
+    # well inside one 80 GB GPU. Ours: 20k steps of 2 windows and our optimiser settings;
     # relative positions on the tree as Chapter 6 builds them.
     "segtree-base": replace(_SEGTREE_BASE,
                             model=dict(_SEGTREE_BASE.model, rule="bpt", k=64, block_size=1024),
                             train=dict(_SEGTREE_BASE.train, batch_size=2),
                             paper=True, help="Ye et al. (2019), BP-Transformer: 12 layers, "
                             "d 512, BPT's rule with k 64; context 1024, not the paper's 8192 "
-                            "(about 1,460 GiB on the gathered path)"),
+                            "(about 790 GiB at batch 4 on the gathered path)"),
 }
 
 SEGTREE = ModelKind(

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import Corpus, load_corpus
-from .device import memory_capacity, training_device
+from .device import distributed_env, memory_capacity, training_device
 from .evaluation import check_protocol, evaluate
 from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_overrides
 from .options import flag
@@ -111,13 +111,19 @@ def check_memory(s: RunPlan, device: torch.device) -> None:
     step needs more memory than `device` has (nothing is allocated yet)."""
     if s.kind.memory is None:
         return
-    need = s.kind.memory(s.model_config, s.config.batch_size)
+    cfg = s.config
+    world = distributed_env()[2]
+    micro = max(cfg.batch_size // (world * cfg.grad_accum), 1)  # rows of one pass per process
+    need = s.kind.memory(s.model_config, micro)
     have, what = memory_capacity(device)
     if have is not None and need > have:
+        split = "" if micro == cfg.batch_size else (
+            f" (of {cfg.batch_size} per step: {world} process(es) x {cfg.grad_accum} "
+            "micro-batches)")
         raise ValueError(f"--model {s.kind.name} --preset {s.preset} at these settings needs "
-                         f"about {need / 2**30:,.1f} GiB for one training step at batch "
-                         f"{s.config.batch_size}, more than {what} ({have / 2**30:,.1f} GiB on "
-                         f"{device}); lower --batch-size or {flag(s.kind.length)}, or use a "
+                         f"about {need / 2**30:,.1f} GiB for one pass of {micro} rows{split}, "
+                         f"more than {what} ({have / 2**30:,.1f} GiB on {device}); raise "
+                         f"--grad-accum, lower --batch-size or {flag(s.kind.length)}, or use a "
                          "machine with more memory")
 
 

@@ -91,9 +91,9 @@ class ModelKind:
     objective: Objective | None = None  # None: the trainer's next-byte loss at every position
     no_decay: tuple[str, ...] = ()  # parameter names (the last part) weight decay leaves alone
     flops: Callable[[nn.Module], float] | None = None  # training FLOPs per token (None: 6N)
-    # bytes one training step needs, from (model config, batch size), before anything is
-    # built: a run that would need more than the device has is refused with the estimate.
-    # None: not estimated (nothing is refused)
+    # bytes one forward and backward pass needs, from (model config, rows in the pass), known
+    # before anything is built: a run that would need more than its device has is refused
+    # with the estimate (minixl.launch.check_memory). None: not estimated (nothing refused)
     memory: Callable[[object, int], float] | None = None
     eval_overrides: tuple[str, ...] = ()  # config fields `minixl eval` may change for memory
     field_help: dict[str, str] = field(default_factory=dict)

@@ -346,19 +346,32 @@ def test_the_readme_lists_every_entry_with_its_csv():
     assert listed == [(e.name, e.csv) for e in EXPERIMENTS.values()]
 
 
-def test_the_flag_task_gives_one_answer_run_to_run():
+def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
     """Chapter 6.9's flag task, tiny, twice: here, and in a fresh process whose torch uses two
-    threads. The task pins its own thread count (and restores the caller's), so the two runs
-    give the same accuracies to the last digit."""
+    threads. The task pins its own thread count (every batch is drawn on one thread, whatever
+    the caller set) and restores the caller's, so the two runs give the same accuracies to the
+    last digit."""
     import torch
 
-    from minixl.experiments.segtree import flag_reach
+    from minixl.experiments import segtree as experiments
 
     settings = dict(window_steps=30, tree_steps=15, eval_size=256, n_layer=1, d_model=32,
                     n_head=2, d_inner=64)
+    seen, draw = [], experiments.flag_batch
+
+    def watched(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(experiments, "flag_batch", watched)
     before = torch.get_num_threads()
-    here = flag_reach(**settings)
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)
+    try:
+        here = experiments.flag_reach(**settings)
+        assert torch.get_num_threads() == 2  # the caller's count is back
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 1 + 30 + 15 and set(seen) == {1}
     code = ("import json, torch; torch.set_num_threads(2); "
             "from minixl.experiments.segtree import flag_reach; "
             f"print(json.dumps(flag_reach(**{settings!r})))")
