@@ -1168,3 +1168,38 @@ def test_span_targets_are_spans_of_1_to_5_predicted_after_all_the_context():
     assert lengths == set(range(1, MAX_SPAN + 1)) and ends == {True, False}
     with pytest.raises(ValueError, match="do not fit"):
         training_masks(1, 8, 8, factorisation="spans")
+
+
+def test_the_pair_records_have_the_entropies_the_control_claims():
+    """Counted on the records themselves: the pair given its cue holds 1 bit, each byte given
+    the cue 1 bit, the first byte with no cue 3 bits and the second given the first none."""
+    from collections import Counter
+
+    from minixl.experiments.xlnet import PAIR_BOUNDS, pair_records
+
+    rec = pair_records(20000, seed=0).view(-1, 4).tolist()
+    assert all(r[0] == ord("|") for r in rec)
+
+    def entropy(key, given=lambda r: 0):
+        joint, cond = Counter(map(lambda r: (given(r), key(r)), rec)), Counter(map(given, rec))
+        return -sum(c / len(rec) * math.log2(c / cond[g]) for (g, _), c in joint.items())
+
+    cue = lambda r: r[3]  # noqa: E731
+    assert abs(entropy(lambda r: (r[1], r[2]), cue) - PAIR_BOUNDS["joint"]) < 0.01
+    assert abs(entropy(lambda r: r[1], cue) + entropy(lambda r: r[2], cue)
+               - PAIR_BOUNDS["independent"]) < 0.01
+    assert abs(entropy(lambda r: r[1]) + entropy(lambda r: r[2], lambda r: r[1])
+               - PAIR_BOUNDS["causal"]) < 0.01
+
+
+def test_the_positive_control_orders_the_three_objectives():
+    """Chapter 5's positive control, one seed: each arm read its own way lands near its bound,
+    permutation (joint) below independent below causal."""
+    from minixl.experiments.xlnet import CONTROL_ARMS, PAIR_BOUNDS, pair_control
+
+    rows = pair_control(seeds="0")
+    assert [r["arm"] for r in rows] == list(CONTROL_ARMS)
+    own = {r["arm"]: r[f"bits_{CONTROL_ARMS[r['arm']]}"] for r in rows}
+    assert own["permutation"] < own["independent"] < own["causal"], own
+    for arm, bits in own.items():
+        assert abs(bits - PAIR_BOUNDS[CONTROL_ARMS[arm]]) < 0.4, (arm, bits)
