@@ -54,6 +54,8 @@ TINY = {
                          ["arm", "objective", "targets", "seed", "steps", "bpc_infill",
                           "bpc_infill_independent", "bpc_infill_causal", "bpc_left_to_right",
                           "last_train_bpc"]),
+    "xlnet_control": (["--seeds", "0", "--steps", "3", "--eval-windows", "4"],
+                      ["arm", "seed", "steps", "bits_joint", "bits_independent", "bits_causal"]),
     "segtree_cost": (["--min-n", "64", "--max-n", "128", "--rounds", "1", "--device", "cpu"],
                 ["method", "n", "seconds", "median_seconds", "rounds", "peak_mb"]),
     "segtree_quality": (["--windows", "16", "--seeds", "0", "--steps", "2", "--post-windows",

@@ -304,6 +304,15 @@ register(Experiment(
      "bpc_left_to_right", "train_seconds")))
 
 register(Experiment(
+    "xlnet_control", "minixl.experiments.xlnet:pair_control", "book/xlnet_control.csv",
+    "Chapter 5.2: the positive control: one small XLNet trained by the permutation, "
+    "independent and causal objectives on pair records, bits per pair read three ways",
+    (_SEEDS, Option("steps", int, 500, "optimiser steps per run"),
+     Option("eval_windows", int, 256, "held-out windows whose middle pair is scored"),
+     _THREADS),
+    ("arm", "seed", "steps", "bits_joint", "bits_independent", "bits_causal")))
+
+register(Experiment(
     "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
     "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
     "written out) against n, interleaved rounds in one process, peak memory per point in "
