@@ -18,6 +18,7 @@ every model kind is `minixl.bench`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import os
@@ -118,6 +119,20 @@ def keep_row(rows: list[dict], row: dict) -> None:
     """Keep one run's row and print it at once, so a long sweep shows its progress."""
     rows.append(row)
     print(", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block on n torch threads and give the caller's count back after: a matrix
+    product rounds by how many threads share it, so a run meant to repeat pins its count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def int_list(text: str, name: str, least: int = 1) -> list[int]:

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import int_list, keep_row
+from . import int_list, keep_row, torch_threads
 
 __all__ = ["segtree_bench", "bench_report", "segtree_quality", "flag_batch", "flag_question",
            "WindowClassifier", "flag_reach", "recall_records", "segtree_reach"]
@@ -244,9 +244,7 @@ def flag_reach(*, n: int = 64, window: int = 16, window_steps: int = 300,
     if unknown or not arms:
         raise ValueError(f"unknown arm(s) {sorted(unknown) or arms!r}: expected 'window' "
                          "and/or 'root'")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         builds = {"window": (f"dense, last {window} bytes",
                              lambda: WindowClassifier(window, 2, **sizes), window_steps),
                   "root": ("SegTree, root", lambda: SegTreeTransformer(SegTreeConfig(
@@ -270,8 +268,6 @@ def flag_reach(*, n: int = 64, window: int = 16, window_steps: int = 300,
             out[name] = (right.float().mean().item(), right[near].float().mean().item(),
                          right[~near].float().mean().item())
         return out
-    finally:
-        torch.set_num_threads(before)
 
 
 def flag_question(batch_size: int, n: int, generator: torch.Generator):

@@ -10,7 +10,7 @@ they name.
 
 from __future__ import annotations
 
-from . import int_list, keep_row
+from . import int_list, keep_row, torch_threads
 
 # Chapter 5.8's model: 2 layers of width 64, windows of 64 bytes, K about 6
 SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256, seq_len=64, n_predict=11)
@@ -313,9 +313,7 @@ def pair_control(seeds: str = "0,1,2", steps: int = 500, records: int = 4, n_pre
                          f"steps={steps}, records={records}, eval_windows={eval_windows}")
     T = 4 * records
     sizes = sizes or dict(n_layer=2, d_model=32, n_head=2, d_inner=128)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         train_bytes = pair_records(4096, seed=1000)
         held = pair_records(eval_windows * records, seed=2000).view(eval_windows, T)
         start = 4 * (records // 2) + 1  # the pair of the middle record
@@ -336,5 +334,3 @@ def pair_control(seeds: str = "0,1,2", steps: int = 500, records: int = 4, n_pre
                         row[f"bits_{name}"] = round(bits.sum(1).mean().item(), 4)
                 rows.append(row)
         return rows
-    finally:
-        torch.set_num_threads(before)
