@@ -45,7 +45,9 @@ TINY = {
     "xlnet_memory": (["--seeds", "0", "--steps", "2", "--mem-len", "16", "--eval-bytes",
                       "1024"],
                      ["arm", "seed", "steps", "batches", "mem_len", "reuse_len", "bi_data",
-                      "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc"]),
+                      "bpc_windows", "bpc_memory", "bpc_infill", "bpc_windows_one_segment",
+                      "bpc_memory_one_segment", "bpc_infill_one_segment", "bpc_layout",
+                      "bpc_layout_no_segments", "last_train_bpc"]),
     "xlnet_k_cost": (["--ks", "1,4", "--rounds", "2", "--steps", "1", "--batch-size", "2"],
                      ["K", "n_predict", "batch_size", "seq_len", "device", "threads", "rounds",
                       "steps", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio",
@@ -223,6 +225,13 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
         ("pretraining input + memory", "16", "32", "True")]
     assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_windows", "bpc_memory",
                                                              "bpc_infill"))
+    from minixl.experiments.xlnet import LAYOUT_COLUMNS
+    for r in rows:  # the readings with segment ids: the pretraining input's arm only
+        assert all((r[k] != "") == (r["reuse_len"] != "0") for k in LAYOUT_COLUMNS)
+    pre = rows[-1]  # one segment: the same scores as no ids (softmax ignores a row's constant)
+    for k in ("windows", "memory", "infill"):
+        assert abs(float(pre[f"bpc_{k}_one_segment"]) - float(pre[f"bpc_{k}"])) < 1e-3
+    assert 0 < float(pre["bpc_layout"]) < 9 and 0 < float(pre["bpc_layout_no_segments"]) < 9
     # --arms runs just those
     rows = run("xlnet_memory", "--arms", "ordered streams + memory", "--steps", "1")
     assert [r["arm"] for r in rows] == ["ordered streams + memory"]
@@ -383,3 +392,49 @@ def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
     assert there == here
     assert set(here) == {"dense, last 16 bytes", "SegTree, root"}
     assert all(0 <= a <= 1 for accs in here.values() for a in accs)
+
+
+def test_the_layout_reading_is_the_pretraining_input_read_left_to_right():
+    """layout_input cuts text as PretrainStreams does (B A's continuation), gives training's
+    segment ids, and lets each target see the context and the bytes before it, nothing else."""
+    import torch
+
+    from minixl.experiments.xlnet import layout_input
+    from minixl.xlnet import CLS, SEP, pretraining_masks
+
+    T, R, a_len = 16, 6, 3
+    text = torch.randint(0, 256, (2, T - 3))
+    x, (content, query), targets, seg = layout_input(text, seq_len=T, reuse_len=R, a_len=a_len)
+    assert x[0].tolist() == (text[0, :R + a_len].tolist() + [SEP] + text[0, R + a_len:].tolist()
+                             + [SEP, CLS])
+    assert torch.equal(seg, pretraining_masks(x, R, (1, 1))[2])  # the ids training gave
+    assert targets[0].tolist() == [p for p in range(T) if p >= R and x[0, p] < SEP]
+    context = [p for p in range(T) if p < R or x[0, p] >= SEP]
+    for n, p in enumerate(targets[0].tolist()):  # the n-th byte predicted sees: context, the
+        assert query[p].nonzero().flatten().tolist() == sorted(context + targets[0, :n].tolist())
+        assert not query[p, p] and content[p, p]  # bytes before it; never itself
+    with pytest.raises(ValueError, match="a_len must leave A and B"):
+        layout_input(text, seq_len=T, reuse_len=R, a_len=T - R - 3)
+
+
+def test_segment_ids_matter_only_where_they_differ():
+    """XLNet's segment term compares ids: one id for every position changes no score."""
+    import torch
+
+    from minixl.experiments.xlnet import _OneSegment
+    from minixl.xlnet import XLNet, XLNetConfig
+
+    torch.manual_seed(0)
+    model = XLNet(XLNetConfig(n_layer=1, d_model=16, n_head=2, d_inner=32, seq_len=8,
+                              n_predict=2, mem_len=4)).eval()
+    with torch.no_grad():  # a trained model's size of segment term, not the initial one's
+        for name, p in model.named_parameters():
+            if "seg" in name or "r_s" in name:
+                p.normal_()
+    x = torch.randint(0, 256, (2, 8))
+    plain = model(x).logits
+    assert torch.allclose(_OneSegment(model)(x).logits, plain, atol=1e-5)
+    two = torch.tensor([0] * 4 + [1] * 4).expand(2, 8)
+    assert not torch.allclose(model(x, segments=two).logits, plain, atol=1e-3)
+    logits, _ = _OneSegment(model).step(x)  # the model protocol goes through it too
+    assert torch.allclose(logits, model.step(x)[0], atol=1e-5)

@@ -283,7 +283,8 @@ register(Experiment(
 register(Experiment(
     "xlnet_memory", "minixl.experiments.xlnet:xlnet_memory", "book/xlnet_memory.csv",
     "Chapter 5.6: XLNet with and without its memory across segments (random windows, ordered "
-    "streams, the paper's pretraining input), held-out bpc of three readings per arm and seed",
+    "streams, the paper's pretraining input), held-out bpc of three readings per arm and seed; "
+    "the pretraining arm also read with its segment ids",
     (_SEEDS, Option("steps", int, 500, "optimiser steps per run (section 5.8: 500)"),
      Option("mem_len", int, 64, "the memory of the arms that have one, and of the memory "
             "reading for every arm"),

@@ -10,6 +10,8 @@ they name.
 
 from __future__ import annotations
 
+import math
+
 from . import int_list, keep_row, torch_threads
 
 # Chapter 5.8's model: 2 layers of width 64, windows of 64 bytes, K about 6
@@ -22,6 +24,11 @@ ARMS = {
     "ordered streams + memory": (dict(), "ordered streams"),
     "pretraining input + memory": (dict(reuse_len=32, bi_data=True), "reuse block + A, B"),
 }
+
+
+# the pretraining input's arm only: its readings with segment ids (xlnet_memory)
+LAYOUT_COLUMNS = ("bpc_windows_one_segment", "bpc_memory_one_segment", "bpc_infill_one_segment",
+                  "bpc_layout", "bpc_layout_no_segments")
 
 
 def _pick(arms: str | None, table: dict) -> list[str]:
@@ -67,7 +74,10 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
     arm and seed, with the held-out bpc of three readings: windows of 64 read left to right
     with nothing before them (all-positions), segments of 64 read left to right with a memory
     of mem_len (Chapter 4's memory protocol, the same memory for every arm), and spans of 8
-    in the middle of windows of 64 (infill)."""
+    in the middle of windows of 64 (infill). The pretraining input's arm, which trained with
+    segment ids, is also read with them (LAYOUT_COLUMNS, empty for the other arms): the three
+    readings with every position in segment 0, and its own layout (layout_bpc) with and
+    without its ids."""
 
     import torch
 
@@ -101,14 +111,112 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
                       for name, m, protocol in (("windows", model, "all-positions"),
                                                 ("memory", reader, "memory"),
                                                 ("infill", model, "infill"))}
+            trained = {}  # the pretraining input's arm, read with the segment ids it trained with
+            if config.reuse_len:
+                one = _OneSegment(model)
+                trained = {f"bpc_{name}_one_segment": round(evaluate(
+                    one, held, kind.protocol(protocol), seq_len=T, kind=kind).bpc, 4)
+                    for name, protocol in (("windows", "all-positions"), ("memory", "memory"),
+                                           ("infill", "infill"))}
+                a_len = (T - config.reuse_len - 3) // 2
+                for name, ids in (("bpc_layout", True), ("bpc_layout_no_segments", False)):
+                    trained[name] = round(layout_bpc(model, held, reuse_len=config.reuse_len,
+                                                     a_len=a_len, segments=ids), 4)
             keep_row(rows, dict(
                 arm=arm, seed=seed, steps=steps, batches=batches, mem_len=config.mem_len,
                 reuse_len=config.reuse_len, bi_data=config.bi_data,
                 bpc_windows=round(scores["windows"], 4), bpc_memory=round(scores["memory"], 4),
                 bpc_infill=round(scores["infill"], 4),
+                **{k: trained.get(k, "") for k in LAYOUT_COLUMNS},
                 last_train_bpc=round(result.history[-1]["train_bpc"], 4),
                 train_seconds=round(seconds, 1)))
     return rows
+
+
+class _OneSegment:
+    """model, read with every position in segment 0 (its memory is segment 0 already): the
+    segment ids of a plain text read as one piece. Calls go to model with segments of
+    zeros; everything else (step, parameters, eval, config) is model's own."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, tokens, **kw):
+        import torch
+
+        return self.model(tokens, segments=torch.zeros_like(tokens), **kw)
+
+    def step(self, tokens, state=None):
+        from ..xlnet import XLNet
+
+        return XLNet.step(self, tokens, state)
+
+
+def layout_input(text, *, seq_len: int, reuse_len: int, a_len: int):
+    """The pretraining input for rows of text [B, seq_len - 3]: (x [B, T], (content, query)
+    masks [T, T], targets [B, P], segment ids [B, T]). x is [reuse block of reuse_len; A (a_len
+    bytes), SEP, B, SEP, CLS], B the true continuation of A; the reuse block, SEP and CLS are
+    context (rank 0, as in training); A's and B's bytes are predicted left to right; the ids
+    are training's: the reuse block and A 0, B and the SEP after it 1, CLS 2."""
+    import torch
+
+    from ..xlnet import CLS, SEP, masks_from_ranks
+
+    T, R = seq_len, reuse_len
+    free = T - R - 3  # the bytes of A and B
+    if text.dim() != 2 or text.size(1) != R + free:
+        raise ValueError(f"text must be rows of {R + free} bytes, got {tuple(text.shape)}")
+    if not 1 <= a_len < free:
+        raise ValueError(f"a_len must leave A and B at least one byte each of {free}, got "
+                         f"{a_len}")
+    is_byte = torch.tensor([False] * R + [True] * a_len + [False] + [True] * (free - a_len)
+                           + [False, False])
+    tail = torch.arange(T) - R  # the position in the tail: A, then SEP, then B
+    rank = torch.where(is_byte, tail - (tail > a_len).long() + 1, 0)  # A, B: 1, 2, ..., free
+    x = torch.full((text.size(0), T), SEP, dtype=torch.long)
+    x[:, -1] = CLS
+    x[:, is_byte | (torch.arange(T) < R)] = text.long()
+    seg = torch.zeros(T, dtype=torch.long)
+    seg[R + a_len + 1:] = 1
+    seg[-1] = 2
+    targets = is_byte.nonzero().flatten().expand(text.size(0), -1)
+    return x, masks_from_ranks(rank), targets, seg.expand(text.size(0), T)
+
+
+def layout_bpc(model, held, *, reuse_len: int, a_len: int, streams: int = 4,
+               segments: bool = True) -> float:
+    """Bits per byte of the A and B bytes of held-out text in the pretraining input
+    (layout_input), cut the way PretrainStreams cuts its rows but read forwards, B always A's
+    continuation: each of `streams` rows moves reuse_len bytes per step with the memory of its
+    earlier reuse blocks, as in training; with the segment ids training gave (segments=True)
+    or none."""
+    import torch
+    import torch.nn.functional as F
+
+    T, R = model.config.seq_len, reuse_len
+    n = len(held) // streams
+    rows = held[:n * streams].reshape(streams, n)
+    was_training = model.training
+    model.eval()
+    bits, count, mems = 0.0, 0, None
+    try:
+        with torch.no_grad():
+            for s in range(0, n - (T - 3) + 1, R):
+                x, masks, targets, seg = layout_input(rows[:, s:s + T - 3], seq_len=T,
+                                                      reuse_len=R, a_len=a_len)
+                out = model(x, masks=masks, target_mapping=targets, mems=mems,
+                            segments=seg if segments else None, reuse_len=R)
+                mems = out.mems
+                logp = F.log_softmax(out.logits[..., :256].float(), -1)
+                truth = x.gather(1, targets)
+                bits -= logp.gather(-1, truth[..., None]).sum().item() / math.log(2)
+                count += truth.numel()
+    finally:
+        model.train(was_training)
+    return bits / count
 
 
 def _source(kind, text, config, seed: int, batches: str):
