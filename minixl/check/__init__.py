@@ -21,7 +21,8 @@ from .aux_losses import ahead_pairs, intermediate_weight, sliding_windows
 from .relative_attention import distance_weights, relative_index, shaw_attention
 from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_batches,
                              xl_two_segments)
-from .xlnet import permutation_masks, query_stream_mask, rel_shift_bi, span_targets
+from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, rel_shift_bi,
+                    span_targets)
 from .segtree import bpt_context, causal_tree_graph, gathered_attention, leaf_context
 from .kinds import kind
 
@@ -31,8 +32,8 @@ __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "shaw_attention", "relative_index", "distance_weights",  # Chapter 3
            "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
            "xl_two_segments",
-           "permutation_masks", "query_stream_mask", "rel_shift_bi",  # Chapter 5
-           "span_targets",
+           "permutation_masks", "query_stream_mask", "query_stream_update",  # Chapter 5
+           "rel_shift_bi", "span_targets",
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
            "gathered_attention",
            "kind"]  # every model kind, yours too (minixl.check.kinds)

@@ -1,6 +1,7 @@
 """Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask,
-rel_shift_bi and span_targets, compared with the references in minixl.xlnet; the helpers
-before them build the factorisation orders and name the typical slip of a wrong mask.
+query_stream_update, rel_shift_bi and span_targets, compared with the references in
+minixl.xlnet; the helpers before them build the factorisation orders and name the typical
+slip of a wrong mask.
 Hand-written (not generated).
 """
 
@@ -173,6 +174,116 @@ def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
                     or _first_wrong(got, want, every, rank, "query"))
         return _verdict("query_stream_mask", f"{where}: {hint}", len(cases))
     return _verdict("query_stream_mask", None, len(cases))
+
+
+def _query_update(attn, q_from, kv, mask, resid, *, norm: bool = True):
+    """One query-stream update written with attn's own pieces: queries from q_from [B, T, C],
+    keys and values from kv [B, M + T, C], mask [B, T, M + T], residual resid (None: none)."""
+    sinusoid, distances = _ref("xlnet", "sinusoid"), _ref("xlnet", "bidirectional_distances")
+    T, klen = q_from.size(1), kv.size(1)
+    pos_emb = sinusoid(distances(T, klen), q_from.size(-1))
+    r_k = attn.r(pos_emb).unflatten(-1, (attn.n_head, attn.d_head)).transpose(-3, -2)
+    out = attn.o(attn.attend(attn.heads(q_from, attn.q), attn.heads(kv, attn.k),
+                             attn.heads(kv, attn.v), r_k, mask))
+    out = out if resid is None else resid + out
+    return attn.layer_norm(out) if norm else out
+
+
+def _update_cases():
+    """(attn, h, g, content_mask, query_mask, mems, where): random orders, full and partial
+    prediction, with and without a memory; the biases made as large as trained ones."""
+    attention, masks = _ref("xlnet", "TwoStreamAttention"), _ref("xlnet", "permutation_masks")
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for B, T, M, n_predict in ((1, 4, 0, None), (2, 6, 3, 4), (1, 5, 2, None), (3, 7, 0, 3)):
+        torch.manual_seed(len(cases))
+        attn = attention(16, 2).eval()
+        with torch.no_grad():
+            for p in (attn.r_w_bias, attn.r_r_bias):
+                p.normal_(generator=g)
+        order = torch.stack([torch.randperm(T, generator=g) for _ in range(B)])
+        content, query = masks(order, n_predict=n_predict)
+        h, x = torch.randn(B, T, 16, generator=g), torch.randn(B, T, 16, generator=g)
+        mems = torch.randn(B, M, 16, generator=g) if M else None
+        where = (f"for B={B}, T={T}, order {order.tolist()}"
+                 + (f", n_predict={n_predict}" if n_predict else "")
+                 + (f", a memory of {M}" if M else ", no memory"))
+        cases.append((attn, h, x, content, query, mems, where))
+    return cases
+
+
+def query_stream_update(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(attn, h, g, content_mask, query_mask, mems=None) -> the new query stream g
+    [B, T, C] of one TwoStreamAttention layer (no segments, no dropout; every position a
+    query), against the layer itself. Masks are [B, T, T] over the segment; a memory
+    mems [B, M, C], when given, is seen by every query. Names the usual slips: keys and values
+    from g, the content mask, queries from h, the memory left out, the residual or the norm
+    missing, and any query that sees its own content or a byte ranked after it."""
+    cases = _update_cases()
+    for attn, h, g, content, query, mems, where in cases:
+        B, T, _ = h.shape
+        h, g = h.clone().requires_grad_(), g.clone().requires_grad_()
+        got, err = _call(fn, attn, h, g, content, query, mems=mems)
+        if err:
+            return _verdict("query_stream_update", f"{where}: {err}", len(cases))
+        if not isinstance(got, torch.Tensor) or got.shape != g.shape:
+            what = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            return _verdict("query_stream_update", f"{where}: expected the new g, a tensor "
+                            f"of shape {tuple(g.shape)} [B, T, C], got {what}", len(cases))
+        cat = h if mems is None else torch.cat([mems, h], 1)
+        seen = torch.ones(B, T, cat.size(1) - T, dtype=torch.bool)
+        full_q, full_c = torch.cat([seen, query], -1), torch.cat([seen, content], -1)
+        want = _query_update(attn, g, cat, full_q, g)
+        if torch.allclose(got, want, atol=1e-5):
+            continue
+        g_cat = g if mems is None else torch.cat([mems, g], 1)
+        slips = [
+            (_query_update(attn, g, g_cat, full_q, g), "keys and values come from g: they come "
+             "from the content stream [memory; h]. The query stream only asks; what it reads is "
+             "content, never another position's query stream."),
+            (_query_update(attn, g, cat, full_c, g), "the content mask is used: it lets a "
+             "query see its own position (rank_j <= rank_i), the byte it predicts. The query "
+             "stream attends rank_j < rank_i."),
+            (_query_update(attn, h, cat, full_q, g), "the queries come from h: a position's "
+             "content holds its own byte. The query stream's queries come from g."),
+            (_query_update(attn, g, cat, full_q, h), "the residual adds h: that puts the "
+             "position's own byte into g. The residual of the query stream is g itself."),
+            (_query_update(attn, g, cat, full_q, None), "the residual is missing: the new g is "
+             "layer_norm(g + attention output)."),
+            (_query_update(attn, g, cat, full_q, g, norm=False), "the layer norm is missing: "
+             "the new g is layer_norm(g + attention output), post-norm as in the content "
+             "stream."),
+        ]
+        if mems is not None:
+            slips.append((_query_update(attn, g, h, query, g), "the memory is left out: keys "
+                          "and values are [memory; h], and every query sees all of the memory."))
+        for other, hint in slips:
+            if torch.allclose(got, other, atol=1e-5):
+                return _verdict("query_stream_update", f"{where}: {hint}", len(cases))
+        # the gradient probe: what each query reads of h, against what its mask allows (a
+        # random direction: the sum of a layer norm's output does not move)
+        proj = torch.randn(got.size(-1), generator=torch.Generator().manual_seed(1))
+        for b in range(B):
+            for i in range(T):
+                (grad,) = torch.autograd.grad(got[b, i] @ proj, h, retain_graph=True,
+                                              allow_unused=True)
+                if grad is None:
+                    continue
+                reads = grad[b].abs().sum(-1) > 0
+                wrong = (reads & ~query[b, i]).nonzero().flatten().tolist()
+                if wrong:
+                    j = wrong[0]
+                    what = "its own content" if j == i else f"the content of position {j}"
+                    return _verdict("query_stream_update", f"{where}: the query at position {i} "
+                                    f"reads {what}, which its mask hides (the query stream "
+                                    "must never see the byte it predicts, nor one ranked "
+                                    "after it)", len(cases))
+        worst = (got - want).abs().max().item()
+        return _verdict("query_stream_update", f"{where}: the new g differs from the layer's "
+                        f"by up to {worst:.3g}; scores are (q + u) . k + (q + v) . W_r R_(i-j), "
+                        "over sqrt(d_head), a masked softmax, the output projection, then "
+                        "layer_norm(g + out)", len(cases))
+    return _verdict("query_stream_update", None, len(cases))
 
 
 def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
