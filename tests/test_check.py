@@ -46,7 +46,7 @@ def test_every_checker_is_tested():
                                   "intermediate_weight", "sliding_windows", "shaw_attention",
                                   "relative_index", "distance_weights",
                                   "rel_shift", "permutation_masks", "query_stream_mask",
-                                  "query_stream_update",
+                                  "query_stream_update", "targets_for_k",
                                   "rel_shift_bi", "leaf_context", "bpt_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments",
@@ -295,6 +295,8 @@ def student_query_stream_update(attn, h, g, content_mask, query_mask, mems=None,
     ("query_stream_update", lambda *args, **kw: student_query_stream_update(*args, **kw)),
     ("rel_shift_bi", xlnet.rel_shift_bi), ("rel_shift_bi", student_rel_shift_bi),
     ("span_targets", xlnet.span_positions), ("span_targets", student_span_positions),
+    ("targets_for_k", lambda T, K: round(T / K)),
+    ("targets_for_k", lambda T, K: int(T / K + 0.5)),
 ])
 def test_chapter_five_checkers_pass_a_correct_implementation(name, reference, capsys):
     assert getattr(check, name)(reference) is True
@@ -425,6 +427,14 @@ def test_query_stream_update_checker_names_the_slip(capsys):
                "expected the new g, a tensor of shape (1, 4, 16)")
     fails_with(capsys, check.query_stream_update, lambda attn, h, g, c, q: g,
                "raised TypeError")
+
+
+def test_targets_for_k_checker_names_the_slip(capsys):
+    fails_with(capsys, check.targets_for_k, lambda T, K: K, "you return K itself")
+    fails_with(capsys, check.targets_for_k, lambda T, K: T - round(T / K), "is c, the context")
+    fails_with(capsys, check.targets_for_k, lambda T, K: T // K, "round to the nearest")
+    fails_with(capsys, check.targets_for_k, lambda T, K: T / K, "a fraction")
+    fails_with(capsys, check.targets_for_k, lambda T, K: "all", "expected a whole number")
 
 
 def test_rel_shift_bi_checker_names_the_slip(capsys):

@@ -252,6 +252,12 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
         ("XLNet spans, 11 targets", "spans", "11"), ("causal, 64 targets", "causal", "64")]
     assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_infill", "bpc_left_to_right"))
+    # exercise 5's arms run by name only; the default is section 5.8's five
+    rows = run("xlnet_objectives", "--arms", "XLNet, 16 targets")
+    assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
+        ("XLNet, 16 targets", "permutation", "16")]
+    from minixl.experiments.xlnet import OBJECTIVE_ARMS
+    assert "XLNet, 16 targets" not in OBJECTIVE_ARMS and len(OBJECTIVE_ARMS) == 5
 
     rows = run("xl_eval_speed")
     assert [r["A"] for r in rows] == ["8", "16"]

@@ -22,7 +22,7 @@ from .relative_attention import distance_weights, relative_index, shaw_attention
 from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_batches,
                              xl_two_segments)
 from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, rel_shift_bi,
-                    span_targets)
+                    span_targets, targets_for_k)
 from .segtree import bpt_context, causal_tree_graph, gathered_attention, leaf_context
 from .kinds import kind
 
@@ -33,7 +33,7 @@ __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
            "xl_two_segments",
            "permutation_masks", "query_stream_mask", "query_stream_update",  # Chapter 5
-           "rel_shift_bi", "span_targets",
+           "rel_shift_bi", "span_targets", "targets_for_k",
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
            "gathered_attention",
            "kind"]  # every model kind, yours too (minixl.check.kinds)

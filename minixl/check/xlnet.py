@@ -1,5 +1,5 @@
 """Checkers for Chapter 5's exercises (XLNet): permutation_masks, query_stream_mask,
-query_stream_update, rel_shift_bi and span_targets, compared with the references in
+query_stream_update, rel_shift_bi, span_targets and targets_for_k, compared with the references in
 minixl.xlnet; the helpers before them build the factorisation orders and name the typical
 slip of a wrong mask.
 Hand-written (not generated).
@@ -284,6 +284,45 @@ def query_stream_update(fn: Callable[..., torch.Tensor]) -> bool:
                         "over sqrt(d_head), a masked softmax, the output projection, then "
                         "layer_norm(g + out)", len(cases))
     return _verdict("query_stream_update", None, len(cases))
+
+
+def targets_for_k(fn: Callable[[int, int], int]) -> bool:
+    """Check fn(seq_len, K) -> n_predict: how many of seq_len positions are predicted for the
+    paper's K = |z| / (|z| - c), the sequence length over the number of targets (about
+    seq_len / K, to the nearest whole number; K = 1 predicts every position)."""
+    cases = [(64, 1), (64, 2), (64, 4), (64, 6), (512, 6), (512, 7), (100, 6), (10, 3)]
+    for T, K in cases:
+        where = f"for seq_len={T}, K={K}"
+        got, err = _call(fn, T, K)
+        if err:
+            return _verdict("targets_for_k", f"{where}: {err}", len(cases))
+        want = round(T / K)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not isinstance(got, int) or isinstance(got, bool):
+            if isinstance(got, float) and abs(got - T / K) < 1e-9 and got != want:
+                return _verdict("targets_for_k", f"{where}: got {got}, a fraction: the number "
+                                f"of targets is a whole number, here {want} (round T / K)",
+                                len(cases))
+            if not (isinstance(got, float) and got == want):
+                return _verdict("targets_for_k", f"{where}: expected a whole number of "
+                                f"targets, got {got!r}", len(cases))
+            got = int(got)
+        if got == want:
+            continue
+        if got == K:
+            hint = ("you return K itself: K is the ratio of the length to the number of targets "
+                    f"(K = |z| / (|z| - c)), so n_predict is about seq_len / K = {want}.")
+        elif got == T - want:
+            hint = (f"{got} is c, the context (the first c positions of the order); the targets "
+                    f"are the other |z| - c = {want}.")
+        elif got in (T // K, -(-T // K)):
+            hint = (f"{T} / {K} = {T / K:.2f}: round to the nearest whole number, {want} (the "
+                    "chapter's K about 6 of 64 positions is 11 targets).")
+        else:
+            hint = f"expected {want} targets (about seq_len / K), got {got}."
+        return _verdict("targets_for_k", f"{where}: {hint}", len(cases))
+    return _verdict("targets_for_k", None, len(cases))
 
 
 def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:

@@ -313,7 +313,8 @@ register(Experiment(
     "Chapter 5.8: causal, XLNet (11 and 64 targets, and span targets) and BERT-style "
     "objectives on one model, 3 seeds, held-out infilling and left-to-right bpc",
     (_SEEDS, Option("steps", int, 500, "optimiser steps per run (section 5.8: 500)"),
-     Option("arms", str, None, "arms separated by ';' (default: all five)"),
+     Option("arms", str, None, "arms separated by ';' (default: the five of section 5.8; "
+            "also XLNet, 32 targets and XLNet, 16 targets, for exercise 5)"),
      Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
      _THREADS),
     ("arm", "seed", "bpc_infill", "bpc_infill_independent", "bpc_infill_causal",

@@ -320,6 +320,11 @@ OBJECTIVE_ARMS = {
     "XLNet spans, 11 targets": ("spans", 11),
     "BERT-style, 11 targets": ("independent", 11),
 }
+# run by name only (--arms), for Chapter 5's exercise 5: XLNet at K = 2 and K = 4
+MORE_OBJECTIVE_ARMS = {
+    "XLNet, 32 targets": ("permutation", 32),
+    "XLNet, 16 targets": ("permutation", 16),
+}
 
 
 def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = None,
@@ -343,7 +348,8 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
     from ..xlnet import evaluate_infill
 
     seed_list = int_list(seeds, "seeds", 0)
-    chosen = _pick(arms, OBJECTIVE_ARMS)
+    table = {**OBJECTIVE_ARMS, **MORE_OBJECTIVE_ARMS}
+    chosen = list(OBJECTIVE_ARMS) if arms is None else _pick(arms, table)
     T = SMALL["seq_len"]
     if steps < 1 or eval_bytes < 4 * T:
         raise ValueError(f"steps must be >= 1 and eval_bytes >= {4 * T}; got steps={steps}, "
@@ -353,7 +359,7 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
     rows = []
     for seed in seed_list:
         for arm in chosen:
-            objective, targets = OBJECTIVE_ARMS[arm]
+            objective, targets = table[arm]
             torch.manual_seed(seed)
             model = kind.build(kind.config(**{**SMALL, "n_predict": targets}))
             result, seconds = _train(model, RandomWindows(data.train, 16, T, seed=seed),
