@@ -12,10 +12,10 @@ __all__ = [
     'tree_sizes', 'node_id', 'node_span', 'RULES', 'EDGE_RELATIONS', 'ContextNode',
     'check_rule', 'leaf_context_loop', 'NodeGroup', 'SegTreeGraph', 'edge_type',
     'segtree_graph', 'graph_mask', 'gathered_attention', 'tree_attention_dense',
-    'tree_attention', 'SegTreeAttention', 'segtree_attention_dense', 'NORMS',
-    'SegTreeConfig', 'SegTreeBlock', 'max_levels', 'GRAPH_CACHE', 'SegTreeTransformer',
-    'LAYER_METHODS', 'layer_step', 'interleaved_times', 'attention_layer_cost',
-    'loglog_slope',
+    'shift_rows', 'sibling_scores', 'tree_attention_simple', 'tree_attention',
+    'SegTreeAttention', 'segtree_attention_dense', 'NORMS', 'SegTreeConfig',
+    'SegTreeBlock', 'max_levels', 'GRAPH_CACHE', 'SegTreeTransformer', 'LAYER_METHODS',
+    'layer_step', 'interleaved_times', 'attention_layer_cost', 'loglog_slope',
 ]
 
 # %% book/06_segtree.md, section 6. The SegTree Transformer: attention over a tree of spans
@@ -276,6 +276,67 @@ def tree_attention_dense(qkv: torch.Tensor, rel: torch.Tensor,
     scores = q @ k.transpose(-2, -1) + torch.einsum("bhid,ijd->bhij", q, rel[etype])
     scores = (scores / math.sqrt(q.size(-1))).masked_fill(~mask.to(q.device), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+# %% book/06_segtree.md, section 6.5 Fast tree attention for the SegTree rule
+def shift_rows(t: torch.Tensor, by: int) -> torch.Tensor:
+    """t [B, H, R, ...] moved `by` rows along dim 2: out[:, :, r] = t[:, :, r - by], zeros
+    where row r - by does not exist."""
+    out, R = torch.zeros_like(t), t.size(2)
+    if by >= 0:
+        out[:, :, by:] = t[:, :, :R - by]
+    else:
+        out[:, :, :R + by] = t[:, :, -by:]
+    return out
+
+
+def sibling_scores(q: torch.Tensor, k_level: torch.Tensor, level: int,
+                   side: str) -> torch.Tensor:
+    """q [B, H, n, D], the leaves' queries, against the node of `level` each leaf reads on
+    `side` under the SegTree rule (keys k_level [B, H, n >> level, D]): [B, H, n], -inf where
+    a leaf reads none. n a power of two."""
+    n, by = q.size(2), 1 if side == "left" else -1
+    qj = shift_rows(q, -by)  # row j: the query of leaf j + by, whose neighbour is leaf j
+    kn = shift_rows(k_level, by)  # row g: node g - by, the sibling on `side` of node g
+    s = (qj.unflatten(2, (n >> level, 1 << level)) * kn[..., None, :]).sum(-1).flatten(2)
+    j = torch.arange(n, device=q.device) - by  # each leaf's neighbour, in the leaf's own row
+    reads = (j >= 0) & (j < n) & ((j >> level) % 2 == (1 if side == "left" else 0))
+    return shift_rows(s, by).masked_fill(~reads, float("-inf"))
+
+
+def tree_attention_simple(qkv: torch.Tensor, rel: torch.Tensor, *,
+                          causal: bool) -> torch.Tensor:
+    """tree_attention's forward pass for n a power of two, without its bookkeeping: qkv
+    [B, N, 3, H, D], rel [T, D] -> [B, H, N, D]. Teaching code; autograd does the backward."""
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, N, D]
+    n, D = (q.size(2) + 1) // 2, q.size(-1)
+    sizes = tree_sizes(n)
+    if 1 << (len(sizes) - 1) != n:
+        raise ValueError(f"tree_attention_simple needs n a power of two, got n={n}")
+    level = lambda t, l: t[:, :, sum(sizes[:l]):sum(sizes[:l + 1])]  # noqa: E731
+    ql, kl, vl = level(q, 0), level(k, 0), level(v, 0)
+    i = torch.arange(n, device=q.device)
+    scores, values, types = [(ql * kl).sum(-1)], [vl], [edge_type("self")]
+    for side in ["left"] + ([] if causal else ["right"]):
+        by = 1 if side == "left" else -1  # the neighbour of leaf i is leaf i - by
+        near = (i - by >= 0) & (i - by < n)
+        scores.append((ql * shift_rows(kl, by)).sum(-1).masked_fill(~near, float("-inf")))
+        values.append(shift_rows(vl, by))
+        types.append(edge_type(side, 0))
+        for l in range(len(sizes) - 1):  # one sibling per level: a reshape and a shift
+            scores.append(sibling_scores(ql, level(k, l), l, side))
+            vn = shift_rows(level(v, l), by).repeat_interleave(1 << l, dim=2)  # row j
+            values.append(shift_rows(vn, by))  # row i
+            types.append(edge_type(side, l + 1))
+    s = torch.stack(scores, -1) + ql @ rel[types].T  # q . (k + r_type), [B, H, n, slots]
+    w = torch.softmax(s / math.sqrt(D), -1)
+    out = torch.zeros_like(q)
+    out[:, :, :n] = (w[..., None] * torch.stack(values, -2)).sum(-2)
+    for l in range(1, len(sizes)):  # node p of level l reads its 2^l leaves: a reshape
+        kb, vb = (t.unflatten(2, (n >> l, 1 << l)) for t in (kl, vl))
+        wl = torch.softmax((level(q, l)[..., None, :] * kb).sum(-1) / math.sqrt(D), -1)
+        level(out, l)[:] = (wl[..., None] * vb).sum(-2)  # no r_anc: it cancels (6.4)
+    return out
 
 
 # %% book/06_segtree.md, section 6.5 Fast tree attention for the SegTree rule

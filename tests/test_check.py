@@ -50,7 +50,7 @@ def test_every_checker_is_tested():
                                   "rel_shift_bi", "leaf_context", "bpt_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments",
-                                  "span_targets"}
+                                  "span_targets", "sibling_scores"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -493,13 +493,50 @@ def gathered(q, k, v, index, valid, *, scale=True, mask=True):
     return torch.einsum("bghn,bgnhd->bghd", torch.softmax(scores, -1), v[:, index])
 
 
+def level_scores(q, k_level, level, side, *, key_by=None, own=False, ancestor=False,
+                 mask=True):
+    """One level of the fast path, leaf by leaf; each keyword makes one slip."""
+    n, by = q.size(2), 1 if side == "left" else -1
+    out = torch.full(q.shape[:3], float("-inf") if mask else 0.0, dtype=q.dtype)
+    for i in range(n):
+        j = i if own else i - by  # whose ancestor's sibling leaf i reads
+        if not (0 <= j < n and 0 <= i - by < n):
+            continue
+        g = j >> level
+        if g % 2 == (1 if side == "left" else 0):
+            p = g if ancestor else g - (by if key_by is None else key_by)
+            if 0 <= p < k_level.size(2):
+                out[:, :, i] = (q[:, :, i] * k_level[:, :, p]).sum(-1)
+    return out
+
+
 @pytest.mark.parametrize("name,reference", [("leaf_context", leaf_spans),
                                             ("bpt_context", bpt_spans),
                                             ("causal_tree_graph", causal_graph),
-                                            ("gathered_attention", gathered)])
+                                            ("gathered_attention", gathered),
+                                            ("sibling_scores", segtree.sibling_scores),
+                                            ("sibling_scores", level_scores)])
 def test_chapter_six_checkers_pass_a_correct_implementation(name, reference, capsys):
     assert getattr(check, name)(reference) is True
     assert capsys.readouterr().out.startswith(f"PASS {name}: all ")
+
+
+def test_sibling_scores_checker_names_the_slip(capsys):
+    def slip(**flag):
+        return lambda *args: level_scores(*args, **flag)
+
+    fails_with(capsys, check.sibling_scores, slip(own=True),
+               "the wrong sibling", "not of its own")
+    fails_with(capsys, check.sibling_scores,
+               lambda q, k, level, side: level_scores(q, k, level, side,
+                                                      key_by=-1 if side == "left" else 1),
+               "the keys are shifted the wrong way")
+    fails_with(capsys, check.sibling_scores, slip(ancestor=True),
+               "its neighbour's ancestor itself")
+    fails_with(capsys, check.sibling_scores, slip(mask=False),
+               "leaf 0 reads no node of level 0 on the left", "set it to -inf")
+    fails_with(capsys, check.sibling_scores, lambda q, k, level, side: q.sum(-1)[..., :-1],
+               "expected a tensor of shape (2, 2, 8) [B, H, n]")
 
 
 def test_leaf_context_checker_names_the_slip(capsys):

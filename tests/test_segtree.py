@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from minixl import segtree
 from minixl.char_transformer import causal_mask, leakage_matrix
 from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTreeTransformer,
                             edge_type, gathered_attention, graph_mask, leaf_context_loop,
@@ -478,3 +479,25 @@ def test_a_memory_point_is_the_layers_own_under_a_large_parent():
     mb = _memory_point("dense-written", 1024, "cpu")
     # 4 heads x 1024^2 float32 scores are 16 MB, and the backward keeps them and their softmax
     assert 16 <= mb < held.numel() * 4 / 2**20
+
+
+def test_the_minimal_fast_path_equals_the_dense_reference():
+    """tree_attention_simple (6.5's teaching version: n a power of two, autograd's backward)
+    gives the dense masked attention's values and gradients; other n are refused."""
+    torch.manual_seed(0)
+    for n in (1, 2, 4, 8, 32, 64):
+        for causal in (True, False):
+            graph = segtree.segtree_graph(n, causal=causal)
+            qkv = torch.randn(2, graph.n_nodes, 3, 2, 4, dtype=torch.float64, requires_grad=True)
+            rel = torch.randn(graph.n_types, 4, dtype=torch.float64, requires_grad=True)
+            simple = segtree.tree_attention_simple(qkv, rel, causal=causal)
+            dense = segtree.tree_attention_dense(qkv, rel, graph)
+            assert torch.allclose(simple, dense, atol=1e-10)
+            probe = torch.randn_like(dense)
+            for a, b in zip(torch.autograd.grad((simple * probe).sum(), [qkv, rel]),
+                            torch.autograd.grad((dense * probe).sum(), [qkv, rel])):
+                assert torch.allclose(a, b, atol=1e-10)
+    graph = segtree.segtree_graph(6)
+    with pytest.raises(ValueError, match="needs n a power of two, got n=6"):
+        segtree.tree_attention_simple(torch.randn(1, graph.n_nodes, 3, 1, 2),
+                                      torch.randn(graph.n_types, 2), causal=True)

@@ -23,7 +23,8 @@ from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_b
                              xl_two_segments)
 from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, rel_shift_bi,
                     span_targets, targets_for_k)
-from .segtree import bpt_context, causal_tree_graph, gathered_attention, leaf_context
+from .segtree import (bpt_context, causal_tree_graph, gathered_attention, leaf_context,
+                      sibling_scores)
 from .kinds import kind
 
 
@@ -35,5 +36,5 @@ __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "permutation_masks", "query_stream_mask", "query_stream_update",  # Chapter 5
            "rel_shift_bi", "span_targets", "targets_for_k",
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
-           "gathered_attention",
+           "gathered_attention", "sibling_scores",
            "kind"]  # every model kind, yours too (minixl.check.kinds)

@@ -1,7 +1,8 @@
 """Checkers for Chapter 6's exercises (the SegTree Transformer): leaf_context (the SegTree
 paper's minimal rule), bpt_context (BP-Transformer's k nodes per side and level),
-causal_tree_graph and gathered_attention, compared with the tree of minixl.segtree or with
-dense attention over the gathered nodes. Hand-written (not generated).
+causal_tree_graph, gathered_attention and sibling_scores (one level of the fast path),
+compared with the tree of minixl.segtree or with dense attention over the gathered nodes.
+Hand-written (not generated).
 """
 
 from __future__ import annotations
@@ -235,3 +236,103 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
                     "each query's neighbours (the last dimension), then the weighted sum of v.")
         return _verdict("gathered_attention", f"{where}: {hint}", len(cases))
     return _verdict("gathered_attention", None, len(cases))
+
+
+def _graph_level_scores(q, k_level, level: int, side: str) -> torch.Tensor:
+    """The scores sibling_scores must give, read off the graph: for each leaf i, its edge of
+    type (side, level + 1) under the SegTree rule, q_i . k of that node; -inf where none."""
+    from ..segtree import edge_type, segtree_graph
+
+    n = q.size(2)
+    graph = segtree_graph(n)
+    leaves = graph.groups[0]
+    first = sum(graph.sizes[:level])  # node id of the level's first node
+    out = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype)
+    for i in range(n):
+        hit = leaves.valid[i] & (leaves.etype[i] == edge_type(side, level + 1))
+        for node in leaves.index[i][hit].tolist():
+            out[:, :, i] = (q[:, :, i] * k_level[:, :, node - first]).sum(-1)
+    return out
+
+
+def _level_variant(q, k_level, level: int, side: str, *, key_by: int | None = None,
+                   own: bool = False) -> torch.Tensor:
+    """A slip's version of the level scores: the keys shifted by key_by rows (the right
+    shift is by = 1 on the left side, -1 on the right), or the sibling of the leaf's own
+    ancestor instead of its neighbour's (own)."""
+    n, by = q.size(2), 1 if side == "left" else -1
+    kb = by if key_by is None else key_by
+    kn = torch.zeros_like(k_level)
+    G = k_level.size(2)
+    if kb >= 0:
+        kn[:, :, kb:] = k_level[:, :, :G - kb]
+    else:
+        kn[:, :, :G + kb] = k_level[:, :, -kb:]
+    j = torch.arange(n) - (0 if own else by)  # whose ancestor's sibling leaf i reads
+    valid = (j >= 0) & (j < n)
+    g = j.clamp(0, n - 1) >> level
+    s = (q * kn[:, :, g]).sum(-1)
+    parity = (g % 2 == (1 if side == "left" else 0)) & valid & (torch.arange(n) - by >= 0) & (
+        torch.arange(n) - by < n)
+    return s.masked_fill(~parity, float("-inf"))
+
+
+def sibling_scores(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(q, k_level, level, side) -> [B, H, n]: the score of each leaf's query (q
+    [B, H, n, D], n a power of two) with the key of the node of `level` (k_level [B, H,
+    n >> level, D]) it reads on `side` ('left' or 'right') under the SegTree rule, -inf where
+    it reads none. Names a shift of the wrong sign, the wrong sibling (that of the leaf's own
+    ancestor, not its neighbour's), the ancestor itself, and a missing mask."""
+    g = torch.Generator().manual_seed(0)
+    cases = [(n, level, side) for n in (8, 16, 32) for level in range(n.bit_length() - 2)
+             for side in ("left", "right")]
+    for n, level, side in cases:
+        q = torch.randn(2, 2, n, 4, generator=g, dtype=torch.float64)
+        k_level = torch.randn(2, 2, n >> level, 4, generator=g, dtype=torch.float64)
+        where = f"for n={n}, level={level}, side={side!r}"
+        got, err = _call(fn, q, k_level, level, side)
+        if err:
+            return _verdict("sibling_scores", f"{where}: {err}", len(cases))
+        want = _graph_level_scores(q, k_level, level, side)
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+            return _verdict("sibling_scores", f"{where}: expected a tensor of shape "
+                            f"{tuple(want.shape)} [B, H, n], got "
+                            f"{tuple(getattr(got, 'shape', ())) or type(got).__name__}",
+                            len(cases))
+        got = got.to(want.dtype)
+        none = torch.isinf(want)
+        if torch.equal(torch.isinf(got) & (got < 0), none) and torch.allclose(
+                got[~none], want[~none], atol=1e-6):
+            continue
+
+        def same(other: torch.Tensor) -> bool:
+            reads = ~torch.isinf(other)
+            return bool(reads.any()) and torch.equal(torch.isinf(got), ~reads) and \
+                torch.allclose(got[reads], other[reads], atol=1e-6)
+
+        by = 1 if side == "left" else -1
+        if same(_level_variant(q, k_level, level, side, key_by=-by)):
+            hint = ("the keys are shifted the wrong way: on the left the node read is g - 1 "
+                    "(the left sibling of node g), so row g of the shifted keys holds node "
+                    "g - 1: shift by +1 on the left, by -1 on the right.")
+        elif same(_level_variant(q, k_level, level, side, own=True)):
+            hint = ("the wrong sibling: leaf i reads the sibling of its neighbour's ancestor "
+                    "(the neighbour is i - 1 on the left, i + 1 on the right), not of its own. "
+                    "Index the queries by the neighbour: shift them by one row first.")
+        elif same(_level_variant(q, k_level, level, side, key_by=0)):
+            hint = ("each leaf is scored against its neighbour's ancestor itself; it reads "
+                    "that ancestor's sibling on the side (node g - 1 on the left, g + 1 on "
+                    "the right).")
+        elif bool((~torch.isinf(got) & none).any()):
+            i = int((~torch.isinf(got) & none).nonzero()[0, -1])
+            hint = (f"leaf {i} reads no node of level {level} on the {side} (its neighbour's "
+                    "ancestor there is not a "
+                    f"{'right' if side == 'left' else 'left'} child, or it has no neighbour "
+                    "on that side), but gets a finite score: set it to -inf.")
+        else:
+            bad = ((got - want).abs() > 1e-6) | (torch.isinf(got) != none)
+            i = int(bad.nonzero()[0, -1])
+            hint = (f"leaf {i}'s score differs from q_{i} . k of the node it reads "
+                    f"({'none: -inf' if none[0, 0, i] else 'see leaf_context'}).")
+        return _verdict("sibling_scores", f"{where}: {hint}", len(cases))
+    return _verdict("sibling_scores", None, len(cases))
