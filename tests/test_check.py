@@ -270,7 +270,8 @@ def student_span_positions(T, n_predict):  # rejection sampling: spans anywhere,
 
 def student_query_stream_update(attn, h, g, content_mask, query_mask, mems=None, *,
                                 keys_from_g=False, use_content_mask=False, queries_from_h=False,
-                                residual_h=False, no_memory=False, no_norm=False, leak=0.0):
+                                residual_h=False, no_memory=False, no_norm=False, leak=0.0,
+                                no_residual=False):
     """One layer's query-stream update from attn's pieces, batched; each flag makes one slip."""
     B, T, C = h.shape
     mems = None if no_memory else mems
@@ -281,7 +282,7 @@ def student_query_stream_update(attn, h, g, content_mask, query_mask, mems=None,
     r_k = attn.heads(xlnet.sinusoid(xlnet.bidirectional_distances(T, cat.size(1)), C), attn.r)
     out = attn.attend(attn.heads(h if queries_from_h else g, attn.q), attn.heads(cat, attn.k),
                       attn.heads(cat, attn.v), r_k, mask)
-    y = (h if residual_h else g) + attn.o(out) + leak * h
+    y = (0 if no_residual else h if residual_h else g) + attn.o(out) + leak * h
     return y if no_norm else attn.layer_norm(y)
 
 
@@ -418,6 +419,8 @@ def test_query_stream_update_checker_names_the_slip(capsys):
                "the queries come from h")
     fails_with(capsys, check.query_stream_update, slip(residual_h=True), "the residual adds h")
     fails_with(capsys, check.query_stream_update, slip(no_norm=True), "the layer norm is missing")
+    fails_with(capsys, check.query_stream_update, slip(no_residual=True),
+               "the residual is missing")
     fails_with(capsys, check.query_stream_update, slip(no_memory=True),
                "the memory is left out", "a memory of 3")
     # a leak no named slip explains: the gradient probe finds the query reading its own byte

@@ -189,6 +189,12 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
     assert params["segtree"] - params["segtree-post"] == 2 * 64  # post-norm has no final norm
     rows = run("segtree_quality", "--windows", "16,32", "--arms", "segtree-post")
     assert [int(r["window"]) for r in rows] == [16]  # post-norm only at --post-windows
+    # the controls, each changing one thing (6.8): they run from the command line too
+    rows = run("segtree_quality", "--windows", "16", "--arms",
+               "segtree-norel,segtree-bpt1,segtree-bpt4,shaw-local")
+    assert [r["arm"] for r in rows] == ["segtree-norel", "segtree-bpt1", "segtree-bpt4",
+                                        "shaw-local"]
+    assert all(0 < float(r["valid_bpc"]) < 9 for r in rows)
 
     rows = run("segtree_reach")
     bands = ["1-2", "3-4", "5-8", "9-16", "17-32", "33-63"]
@@ -415,6 +421,8 @@ def test_the_layout_reading_is_the_pretraining_input_read_left_to_right():
                              + [SEP, CLS])
     assert torch.equal(seg, pretraining_masks(x, R, (1, 1))[2])  # the ids training gave
     assert targets[0].tolist() == [p for p in range(T) if p >= R and x[0, p] < SEP]
+    assert not content[:R, R:].any() and content[R:, :R].all()  # as pretraining_masks
+    assert torch.equal(content[:R, R:], pretraining_masks(x, R, (1, 1))[0][0][0, :R, R:])
     context = [p for p in range(T) if p < R or x[0, p] >= SEP]
     for n, p in enumerate(targets[0].tolist()):  # the n-th byte predicted sees: context, the
         assert query[p].nonzero().flatten().tolist() == sorted(context + targets[0, :n].tolist())
@@ -444,3 +452,34 @@ def test_segment_ids_matter_only_where_they_differ():
     assert not torch.allclose(model(x, segments=two).logits, plain, atol=1e-3)
     logits, _ = _OneSegment(model).step(x)  # the model protocol goes through it too
     assert torch.allclose(logits, model.step(x)[0], atol=1e-5)
+
+
+def test_the_segtree_controls_change_one_thing_each():
+    """segtree-norel has its tree position vectors at zero and frozen through training;
+    shaw-local's byte i reads exactly bytes i - width + 1 .. i; BPT's arms use BPT's rule."""
+    import torch
+
+    from minixl.data import RandomWindows
+    from minixl.experiments.segtree import _arm, leaf_keys
+    from minixl.training import TrainConfig, train
+
+    torch.manual_seed(0)
+    model = _arm("segtree-norel", 32, 8)
+    train(model, TrainConfig(steps=3, batch_size=2, lr=1e-2, warmup=0, seed=0),
+          batches=RandomWindows(torch.randint(0, 256, (4096,)), 2, 32, seed=0), progress=False)
+    rels = [m.rel_k for m in model.modules() if hasattr(m, "rel_k")]
+    assert rels and all(not r.requires_grad and not r.any() for r in rels)
+    assert _arm("segtree-bpt4", 32, 8).config.rule == "bpt" and _arm(
+        "segtree-bpt4", 32, 8).config.k == 4
+
+    width = leaf_keys(64)
+    assert 2 < width < 64
+    shaw = _arm("shaw-local", 64, 8).eval()
+    x = torch.randint(0, 256, (1, 64))
+    y = shaw(x)
+    changed = x.clone()
+    changed[0, 10] = (x[0, 10] + 1) % 256  # byte 10 reaches bytes 10 .. 10 + 2 (width - 1)
+    moved = (shaw(changed) - y).abs().amax(-1)[0] > 1e-6
+    reach = 2 * (width - 1)  # two layers of a band of `width` keys
+    assert moved[10:10 + reach + 1].all() and not moved[:10].any()
+    assert not moved[10 + reach + 1:].any()

@@ -284,8 +284,8 @@ def sibling_scores(fn: Callable[..., torch.Tensor]) -> bool:
     it reads none. Names a shift of the wrong sign, the wrong sibling (that of the leaf's own
     ancestor, not its neighbour's), the ancestor itself, and a missing mask."""
     g = torch.Generator().manual_seed(0)
-    cases = [(n, level, side) for n in (8, 16, 32) for level in range(n.bit_length() - 2)
-             for side in ("left", "right")]
+    cases = [(n, level, side) for n in (8, 16, 32) for level in range(n.bit_length() - 1)
+             for side in ("left", "right")]  # every level with siblings, the top one too
     for n, level, side in cases:
         q = torch.randn(2, 2, n, 4, generator=g, dtype=torch.float64)
         k_level = torch.randn(2, 2, n >> level, 4, generator=g, dtype=torch.float64)

@@ -143,10 +143,56 @@ def _arm(name: str, window: int, max_relative: int):
     if name == "shaw":
         return CharTransformer(CharTransformerConfig(**SMALL, block_size=window, pos="none"),
                                attention=shaw_factory(max_relative))
-    if name in ("segtree", "segtree-post"):
-        return SegTreeTransformer(SegTreeConfig(**SMALL, block_size=window,
-                                                norm="post" if name.endswith("post") else "pre"))
-    raise ValueError(f"unknown arm {name!r}: expected dense, shaw, segtree or segtree-post")
+    if name == "shaw-local":  # Shaw, each byte reading as many keys as a SegTree leaf
+        return CharTransformer(CharTransformerConfig(**SMALL, block_size=window, pos="none"),
+                               attention=_local_shaw(max_relative, leaf_keys(window)))
+    if name in ("segtree", "segtree-post", "segtree-norel"):
+        model = SegTreeTransformer(SegTreeConfig(**SMALL, block_size=window,
+                                                 norm="post" if name.endswith("post") else "pre"))
+        if name == "segtree-norel":  # no tree relative positions: r = 0 for every edge type
+            for layer in model.modules():
+                if hasattr(layer, "rel_k"):
+                    with torch.no_grad():
+                        layer.rel_k.zero_()
+                    layer.rel_k.requires_grad_(False)
+        return model
+    if name in ("segtree-bpt1", "segtree-bpt4"):  # BPT's rule, k nodes per side and level
+        return SegTreeTransformer(SegTreeConfig(**SMALL, block_size=window, rule="bpt",
+                                                k=int(name[-1])))
+    raise ValueError(f"unknown arm {name!r}: expected one of {', '.join(ARMS)}")
+
+
+ARMS = ("dense", "shaw", "segtree", "segtree-post", "segtree-norel", "segtree-bpt1",
+        "segtree-bpt4", "shaw-local")
+
+
+def leaf_keys(window: int) -> int:
+    """The keys a leaf of the causal SegTree graph reads on average at this window (itself,
+    its neighbour, one node per set bit), rounded up: shaw-local's band."""
+    from ..segtree import segtree_graph
+
+    valid = segtree_graph(window, causal=True).groups[0].valid
+    return math.ceil(valid.sum(1).float().mean().item())
+
+
+def _local_shaw(max_relative: int, width: int):
+    """A CharTransformer `attention` argument: Chapter 3's Shaw attention in which byte i reads
+    only bytes i - width + 1 .. i (a sliding window of `width` keys)."""
+    from ..relative_attention import SHAW_FORMS, ShawRelativeAttention, shaw_form
+
+    class LocalShaw(ShawRelativeAttention):
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.heads(x)
+            i = torch.arange(T, device=x.device)
+            mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < width)
+            p = self.dropout if self.training else 0.0
+            form = shaw_form(T, T, self.max_relative) if self.form == "auto" else self.form
+            y = SHAW_FORMS[form](q, k, v, self.w_k, self.w_v, mask, dropout=p)
+            return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+    return lambda config: LocalShaw(config.d_model, config.n_head, max_relative,
+                                    dropout=config.dropout)
 
 
 def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtree,segtree-post",
@@ -160,7 +206,9 @@ def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtr
     absolute positions), Chapter 3's Shaw model (relative positions clipped at
     max_relative, no absolute ones; at the windows in shaw_windows), and the SegTree model
     (pre-norm, and post-norm at the windows in post_windows only: one measurement of the
-    paper's block)."""
+    paper's block). Controls, each changing one thing: segtree-norel (no tree relative
+    positions), segtree-bpt1 and segtree-bpt4 (BPT's rule at k = 1 and 4), shaw-local (Shaw
+    reading as many keys per byte as a SegTree leaf, leaf_keys; at the shaw_windows)."""
     from ..char_transformer import evaluate_bpc
     from ..data import RandomWindows, load_corpus
     from ..training import TrainConfig, train
@@ -169,8 +217,13 @@ def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtr
     names = [a.strip() for a in arms.split(",") if a.strip()]
     corpus = load_corpus("pydoc")
     held = corpus.valid[:eval_bytes]
+    unknown = [a for a in names if a not in ARMS]
+    if unknown or not names:
+        raise ValueError(f"unknown arm(s) {', '.join(unknown) or repr(arms)}: expected "
+                         f"comma-separated names among {', '.join(ARMS)}")
     only = {"segtree-post": int_list(post_windows, "post-windows", 2),
-            "shaw": int_list(shaw_windows, "shaw-windows", 2)}
+            "shaw": int_list(shaw_windows, "shaw-windows", 2),
+            "shaw-local": int_list(shaw_windows, "shaw-windows", 2)}
     rows = []
     for window in int_list(windows, "windows", 2):
         for seed in int_list(seeds, "seeds", 0):

@@ -158,9 +158,11 @@ class _OneSegment:
 def layout_input(text, *, seq_len: int, reuse_len: int, a_len: int):
     """The pretraining input for rows of text [B, seq_len - 3]: (x [B, T], (content, query)
     masks [T, T], targets [B, P], segment ids [B, T]). x is [reuse block of reuse_len; A (a_len
-    bytes), SEP, B, SEP, CLS], B the true continuation of A; the reuse block, SEP and CLS are
-    context (rank 0, as in training); A's and B's bytes are predicted left to right; the ids
-    are training's: the reuse block and A 0, B and the SEP after it 1, CLS 2."""
+    bytes), SEP, B, SEP, CLS], B the true continuation of A. As in training (pretraining_masks)
+    the reuse block reads nothing after it (rank 0) and SEP and CLS are the tail's context
+    (rank 1: they read the reuse block and each other); A's and B's bytes are predicted left
+    to right (ranks 2, 3, ...); the ids are training's: the reuse block and A 0, B and the SEP
+    after it 1, CLS 2."""
     import torch
 
     from ..xlnet import CLS, SEP, masks_from_ranks
@@ -175,7 +177,8 @@ def layout_input(text, *, seq_len: int, reuse_len: int, a_len: int):
     is_byte = torch.tensor([False] * R + [True] * a_len + [False] + [True] * (free - a_len)
                            + [False, False])
     tail = torch.arange(T) - R  # the position in the tail: A, then SEP, then B
-    rank = torch.where(is_byte, tail - (tail > a_len).long() + 1, 0)  # A, B: 1, 2, ..., free
+    rank = torch.where(is_byte, tail - (tail > a_len).long() + 2,  # A, B: 2, 3, ..., free + 1
+                       (tail >= 0).long())  # the reuse block 0, SEP and CLS 1
     x = torch.full((text.size(0), T), SEP, dtype=torch.long)
     x[:, -1] = CLS
     x[:, is_byte | (torch.arange(T) < R)] = text.long()
