@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _verdict
+from ._common import _call, _ref, _verdict
 
 
 _TREE_CASES = [(16, 7, 1), (16, 3, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13, 12, 1),
@@ -261,13 +261,7 @@ def _level_variant(q, k_level, level: int, side: str, *, key_by: int | None = No
     shift is by = 1 on the left side, -1 on the right), or the sibling of the leaf's own
     ancestor instead of its neighbour's (own)."""
     n, by = q.size(2), 1 if side == "left" else -1
-    kb = by if key_by is None else key_by
-    kn = torch.zeros_like(k_level)
-    G = k_level.size(2)
-    if kb >= 0:
-        kn[:, :, kb:] = k_level[:, :, :G - kb]
-    else:
-        kn[:, :, :G + kb] = k_level[:, :, -kb:]
+    kn = _ref("segtree", "shift_rows")(k_level, by if key_by is None else key_by)
     j = torch.arange(n) - (0 if own else by)  # whose ancestor's sibling leaf i reads
     valid = (j >= 0) & (j < n)
     g = j.clamp(0, n - 1) >> level

@@ -182,7 +182,7 @@ def _query_update(attn, q_from, kv, mask, resid, *, norm: bool = True):
     sinusoid, distances = _ref("xlnet", "sinusoid"), _ref("xlnet", "bidirectional_distances")
     T, klen = q_from.size(1), kv.size(1)
     pos_emb = sinusoid(distances(T, klen), q_from.size(-1))
-    r_k = attn.r(pos_emb).unflatten(-1, (attn.n_head, attn.d_head)).transpose(-3, -2)
+    r_k = attn.heads(pos_emb, attn.r)  # [H, L, D]
     out = attn.o(attn.attend(attn.heads(q_from, attn.q), attn.heads(kv, attn.k),
                              attn.heads(kv, attn.v), r_k, mask))
     out = out if resid is None else resid + out
