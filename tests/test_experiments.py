@@ -394,7 +394,7 @@ def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
         assert torch.get_num_threads() == 2  # the caller's count is back
     finally:
         torch.set_num_threads(before)
-    assert len(seen) == 1 + 30 + 15 and set(seen) == {1}
+    assert len(seen) == 1 + 30 + 15 + 15 and set(seen) == {1}
     code = ("import json, torch; torch.set_num_threads(2); "
             "from minixl.experiments.segtree import flag_reach; "
             f"print(json.dumps(flag_reach(**{settings!r})))")
@@ -402,8 +402,11 @@ def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
                          check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
     there = {name: tuple(v) for name, v in json.loads(out.stdout.splitlines()[-1]).items()}
     assert there == here
-    assert set(here) == {"dense, last 16 bytes", "SegTree, root"}
+    assert set(here) == {"dense, last 16 bytes", "dense, all 64 bytes", "SegTree, root"}
     assert all(0 <= a <= 1 for accs in here.values() for a in accs)
+    with pytest.raises(ValueError, match=r"unknown arm\(s\) \['all'\]: expected any of "
+                                         r"\['dense', 'root', 'window'\]"):
+        experiments.flag_reach(arms=("all",), **settings)
 
 
 def test_the_layout_reading_is_the_pretraining_input_read_left_to_right():

@@ -278,13 +278,16 @@ class WindowClassifier(torch.nn.Module):
 
 def flag_reach(*, n: int = 64, window: int = 16, window_steps: int = 300,
                tree_steps: int = 150, eval_size: int = 2048, threads: int = 1,
-               arms: tuple[str, ...] = ("window", "root"),
+               arms: tuple[str, ...] = ("window", "dense", "root"),
                **sizes) -> dict[str, tuple[float, float, float]]:
-    """Chapter 6.9's flag task: Chapter 1's dense model over the last `window` bytes and the
-    SegTree model's root (not causal), each trained to tell X from O (AdamW, lr 3e-3, batches
-    of 16), then scored on eval_size held-out sequences: {arm: (accuracy, accuracy with the
-    flag in the last `window` bytes, accuracy with it earlier)}. `arms`: which of the two
-    to run ('window', 'root').
+    """Chapter 6.9's flag task: the SegTree model's root (not causal) against Chapter 1's
+    dense model over all n bytes (the baseline: it reads every byte, as the root does) and
+    over the last `window` bytes (a control that cannot see most flags), each trained to tell
+    X from O (AdamW, lr 3e-3, batches of 16; the dense models classify from the mean of their
+    last hidden states), then scored on eval_size held-out sequences: {arm: (accuracy,
+    accuracy with the flag in the last `window` bytes, accuracy with it earlier)}. The root
+    and the dense model over all n train for tree_steps, the window model for window_steps.
+    `arms`: which to run ('window', 'dense', 'root').
 
     It runs on `threads` threads and puts the process's count back after: the rounding of a
     matrix product depends on how many threads share it, and a few hundred training steps
@@ -293,15 +296,17 @@ def flag_reach(*, n: int = 64, window: int = 16, window_steps: int = 300,
     from ..segtree import SegTreeConfig, SegTreeTransformer
 
     sizes = sizes or dict(SMALL)
-    unknown = set(arms) - {"window", "root"}
+    builds = {"window": (f"dense, last {window} bytes",
+                         lambda: WindowClassifier(window, 2, **sizes), window_steps),
+              "dense": (f"dense, all {n} bytes", lambda: WindowClassifier(n, 2, **sizes),
+                        tree_steps),
+              "root": ("SegTree, root", lambda: SegTreeTransformer(SegTreeConfig(
+                  **sizes, block_size=n, causal=False, n_classes=2)), tree_steps)}
+    unknown = set(arms) - set(builds)
     if unknown or not arms:
-        raise ValueError(f"unknown arm(s) {sorted(unknown) or arms!r}: expected 'window' "
-                         "and/or 'root'")
+        raise ValueError(f"unknown arm(s) {sorted(unknown) or arms!r}: expected any of "
+                         f"{sorted(builds)}")
     with torch_threads(threads):
-        builds = {"window": (f"dense, last {window} bytes",
-                             lambda: WindowClassifier(window, 2, **sizes), window_steps),
-                  "root": ("SegTree, root", lambda: SegTreeTransformer(SegTreeConfig(
-                      **sizes, block_size=n, causal=False, n_classes=2)), tree_steps)}
         x, label, where = flag_batch(eval_size, n, torch.Generator().manual_seed(1))
         near = where >= n - window
         out = {}
