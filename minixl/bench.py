@@ -85,7 +85,8 @@ def bench(model: str | None = None, preset: str | None = None, *,
     tokens_per_s = steps * B * T / (time.perf_counter() - t0)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     peak = peak if peak is not None else (peak_tflops(name) if dev.type == "cuda" else None)
-    achieved = kind.flops_per_token(built.model) * tokens_per_s / 1e12
+    # the step timed is the objective's, so its FLOPs count what the objective adds
+    achieved = kind.training_flops_per_token(built.model, built.objective) * tokens_per_s / 1e12
     return {"device": name, "model": kind.name, "preset": built.preset,
             "params": sum(p.numel() for p in built.model.parameters()),
             "tokens_per_s": tokens_per_s, "tflops": achieved, "peak_tflops": peak,

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from .aux_losses import AuxLossConfig, AuxLosses, AuxObjective
 from .char_transformer import CharTransformer, CharTransformerConfig
-from .model_kind import ModelKind, Objective, Preset
+from .model_kind import BenchArm, ModelKind, Objective, Preset
 from .options import Option
 from .relative_attention import shaw_factory
 from .segtree import SegTreeConfig, SegTreeTransformer, segtree_graph, tree_sizes
@@ -92,13 +92,24 @@ def _aux_objective(model_cfg, aux_losses: str, aux_targets: int) -> nn.Module:
                                   vocab_size=model_cfg.vocab_size))
 
 
+def _aux_flops(model: nn.Module, objective: nn.Module) -> float:
+    """Training FLOPs per token that Chapter 2's losses add, averaged over the run: layer l's
+    readout (the tied head) while its loss is on, which is the first l / 2L of training, so
+    (L - 1) / 4 intermediate layers on average; and each extra classifier on the last layer
+    and on every intermediate layer whose loss is on; 6 per weight (2 forward, 4 backward)."""
+    aux = objective.aux
+    on = (aux.n_layer - 1) / 4 if aux.config.layers else 0.0
+    heads = sum(p.numel() for p in aux.target_heads.parameters())
+    return 6 * (model.head.weight.numel() * on + heads * (1 + on))
+
+
 # Chapter 2's auxiliary losses, the objective of the windowed models of Chapters 1 and 3.
 AUX_OBJECTIVE = Objective(
     _aux_objective,
     (Option("aux_losses", str, "positions", "Chapter 2's losses: comma-separated positions, "
             "layers[=W], targets[=W], or none"),
      Option("aux_targets", int, 1, "extra bytes ahead predicted by 'targets'")),
-    tag=lambda o: f"{o['aux_losses']} targets={o['aux_targets']}")
+    tag=lambda o: f"{o['aux_losses']} targets={o['aux_targets']}", flops=_aux_flops)
 
 
 def _char_flops(model: nn.Module) -> float:
@@ -109,6 +120,16 @@ def _char_flops(model: nn.Module) -> float:
     n_matmul = _count_weights(model)
     n_matmul -= model.pos.numel() if getattr(model, "pos", None) is not None else 0
     return 6 * n_matmul + 12 * c.n_layer * c.block_size * c.d_model
+
+
+def _shaw_flops(model: nn.Module) -> float:
+    """Training FLOPs per token: Chapter 1's count plus Shaw's relative terms, which minixl
+    computes per distance, not per pair (Chapter 3.5): each query against the 2K + 1 key
+    offsets a^K, and the weights summed per distance against the value offsets a^V, 12 L
+    (2K + 1) C, with K the clipping distance, at most T - 1."""
+    c = model.config
+    distances = 2 * min(c.max_relative, c.block_size - 1) + 1
+    return _char_flops(model) + 12 * c.n_layer * distances * c.d_model
 
 
 _CHAR_PRESETS = {
@@ -137,7 +158,12 @@ CHAR = ModelKind(
     "char", "Chapter 1's CharTransformer, trained on random windows",
     CharTransformerConfig, CharTransformer, "block_size", _CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
-    flops=_char_flops, field_help=_CHAR_HELP)
+    flops=_char_flops, field_help=_CHAR_HELP,
+    bench={"char": BenchArm(objective=dict(aux_losses="positions"),
+                            help="Chapter 1's dense model, the next-byte loss at every position"),
+           "char+aux": BenchArm(objective=dict(aux_losses="positions,layers,targets",
+                                               aux_targets=1),
+                                help="the same with Chapter 2's auxiliary losses")})
 
 SHAW = ModelKind(
     "shaw", "Chapter 1's model with Chapter 3's relative attention (--max-relative)",
@@ -145,20 +171,26 @@ SHAW = ModelKind(
     "block_size", {n: p for n, p in _CHAR_PRESETS.items() if not p.paper},
     objective=AUX_OBJECTIVE,
     no_decay=("w_k", "w_v"),  # relative positions a^K, a^V, one row per clipped distance
-    flops=_char_flops,
-    field_help=_CHAR_HELP | {"max_relative": "the clipping distance k of relative attention"})
+    flops=_shaw_flops,
+    field_help=_CHAR_HELP | {"max_relative": "the clipping distance k of relative attention"},
+    bench={"shaw": BenchArm(objective=dict(aux_losses="positions"),
+                            help="Chapter 3's relative attention, no absolute positions")})
 
 
 # ---------------------------------------------------------------- Chapter 4: Transformer-XL
 
 def _xl_flops(model: nn.Module) -> float:
-    """Training FLOPs per token: 6N for the weights; W_kR projects Tk = T + M distances per
-    segment, not T; the content and position scores and the weighted sum over Tk keys are
-    three [T, Tk] products per layer, 18 L Tk (H D), counted in full."""
+    """Training FLOPs per token: 6N for the weights, and again for W_q, W_kE and W_v over the
+    memory's M rows, which every segment projects afresh (M / T of them per token); W_kR is
+    left out (it projects the Tk = T + M distances once per step, shared by the batch); the
+    content and position scores and the weighted sum over Tk keys are three [T, Tk] products
+    per layer, 18 L Tk (H D), counted in full."""
     c = model.config
-    T, Tk = c.tgt_len, c.tgt_len + c.mem_len
+    T, M, Tk = c.tgt_len, c.mem_len, c.tgt_len + c.mem_len
     r_params = sum(m.r_net.weight.numel() for m in model.modules() if hasattr(m, "r_net"))
-    return (6 * _count_weights(model) + 6 * r_params * (Tk / T - 1)
+    qkv_params = sum(m.qkv_net.weight.numel() for m in model.modules()
+                     if hasattr(m, "qkv_net"))
+    return (6 * (_count_weights(model) - r_params) + 6 * qkv_params * M / T
             + 18 * c.n_layer * Tk * c.n_head * c.d_head)
 
 
@@ -188,6 +220,9 @@ XL = ModelKind(
     protocols=("memory", "all-positions", "sliding"),
     no_decay=("r_w_bias", "r_r_bias"),  # the global content and position biases u, v [H, D]
     flops=_xl_flops, eval_overrides=("tgt_len", "mem_len", "clamp_len"),
+    bench={"xl": BenchArm(per_length=("mem_len",),
+                          help="Chapter 4's Transformer-XL on ordered streams, a memory as long "
+                               "as its segment")},
     field_help={
         "tgt_len": "the segment length", "mem_len": "memory length per layer (0 = none)",
         "clamp_len": "cap on relative distances (0 = none)", "d_head": "width of one head",
@@ -263,6 +298,9 @@ XLNET = ModelKind(
     # u, v and the segment bias [H, D]; the two segment encodings s+, s- [2, H, D]
     no_decay=("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"),
     flops=_xlnet_flops,
+    bench={"xlnet": BenchArm(per_length=("n_predict",),
+                             help="Chapter 5's XLNet, the permutation objective on random "
+                                  "windows, about a sixth of each window predicted")},
     field_help={
         "seq_len": "the window length", "mem_len": "memory length per layer (0 = none: "
         "training reads random windows; > 0: ordered streams, the memory carried from segment "
@@ -356,6 +394,9 @@ SEGTREE = ModelKind(
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
     flops=_segtree_flops, memory=_segtree_memory,
+    bench={"segtree": BenchArm(help="Chapter 6's SegTree Transformer, the seed's rule"),
+           "bpt": BenchArm(model=dict(rule="bpt", k=4),
+                           help="the same model with BP-Transformer's rule, k = 4")},
     field_help={"block_size": "the window length",
                 "rule": "which nodes a leaf reads: segtree (the SegTree paper's minimal cover) "
                         "or bpt (BP-Transformer's k nodes per side and level)",

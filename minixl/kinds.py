@@ -3,11 +3,12 @@ benchmark and `model_from_checkpoint` know, and the presets that pick one.
 
 Hand-written glue (not generated). `KINDS` starts as the book's five (`minixl.book_kinds`,
 imported here, so it is never half-filled) and `register` adds yours. The names a student
-uses are all here: `ModelKind`, `Preset` and `Objective` (declared in `minixl.model_kind`),
-`register`, `kind_of`. A kind in a module of your own that is not registered yet is loaded by
-``--model MODULE:NAME`` (`minixl.plugins`, the layer above this one). The registry lives in
-this module's KINDS: `importlib.reload(minixl.kinds)` would start it afresh, with the book's
-kinds only (reload your own module instead: its kinds replace themselves).
+uses are all here: `ModelKind`, `Preset`, `Objective` and `BenchArm` (declared in
+`minixl.model_kind`), `register`, `kind_of`. A kind in a module of your own that is not
+registered yet is loaded by ``--model MODULE:NAME`` (`minixl.plugins`, the layer above this
+one). The registry lives in this module's KINDS: `importlib.reload(minixl.kinds)` would start
+it afresh, with the book's kinds only (reload your own module instead: its kinds replace
+themselves).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import torch.nn as nn
 
 from .book_kinds import BOOK_KINDS
 from .checkpoint import CheckpointError, load_checkpoint, saved_config
-from .model_kind import ModelKind, Objective, Preset, not_for, with_overrides
+from .model_kind import BenchArm, ModelKind, Objective, Preset, not_for, with_overrides
 
-__all__ = ["ModelKind", "Preset", "Objective", "KINDS", "DEFAULT_MODEL", "register", "kind_of",
-           "registered", "paper_presets", "resolve_preset", "model_fields", "with_overrides",
-           "refuse_foreign", "model_from_checkpoint"]
+__all__ = ["ModelKind", "Preset", "Objective", "BenchArm", "KINDS", "DEFAULT_MODEL", "register",
+           "kind_of", "registered", "paper_presets", "resolve_preset", "model_fields",
+           "with_overrides", "refuse_foreign", "model_from_checkpoint"]
 
 BOOK_ORIGIN = "minixl.book_kinds"
 KINDS: dict[str, ModelKind] = {k.name: k for k in BOOK_KINDS}

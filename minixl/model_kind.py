@@ -14,7 +14,8 @@ them ever asks which model it holds:
 - its evaluation protocols (the default first) and the config fields `minixl eval` may
   change for the memory protocol;
 - the parameters that weight decay leaves alone (position tables and learned offsets), its
-  training FLOPs per token for the benchmark, and a line of help for each config field.
+  training FLOPs per token for the benchmark, and a line of help for each config field;
+- how it enters the bench of every mechanism (`BenchArm`s: `minixl.planner`).
 
 The layers point one way: `minixl.evaluation` (protocols) <- this module <-
 `minixl.book_kinds` (the book's five kinds, declared, not registered) <- `minixl.kinds` (the
@@ -36,7 +37,7 @@ from .data import OrderedStreams, RandomWindows
 from .evaluation import PROTOCOLS
 from .options import Option, flag
 
-__all__ = ["Preset", "Objective", "ModelKind", "with_overrides", "not_for"]
+__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "with_overrides", "not_for"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,23 @@ class Objective:
     build: Callable
     options: tuple[Option, ...] = ()
     tag: Callable[[dict], str] | None = None
+    # training FLOPs per token that the objective adds to the model's own count, from (model,
+    # the built objective); None: nothing
+    flops: Callable[[nn.Module, object], float] | None = None
+
+
+@dataclass(frozen=True)
+class BenchArm:
+    """One way a kind enters the bench of every mechanism (`minixl.planner`): config fields
+    and objective options on top of its bench preset (`preset`, default 'tiny' where the kind
+    has one, else its first), the config fields that keep their ratio to the bench's length
+    (a memory as long as the segment, the bytes predicted per window), and a line of help."""
+
+    model: dict = field(default_factory=dict)
+    objective: dict = field(default_factory=dict)
+    per_length: tuple[str, ...] = ()
+    preset: str | None = None
+    help: str = ""
 
 
 # Help for config fields that most models share; a kind's field_help adds or overrides.
@@ -103,6 +121,9 @@ class ModelKind:
     # y, reset_state)), in place of the one `streams` picks; config is the model's config, and a
     # source that returns None for a config leaves the choice to `streams`
     batch_source: Callable | None = None
+    # how it enters the bench of every mechanism, {arm name: BenchArm}; empty: one arm named
+    # after the kind, with its defaults
+    bench: dict[str, BenchArm] = field(default_factory=dict)
 
     def __post_init__(self):
         names = {f.name for f in fields(self.config)}
@@ -131,6 +152,15 @@ class ModelKind:
                              f"{', '.join(PROTOCOLS)}, or give a minixl.evaluation.Protocol")
         if len(set(self.protocol_names)) < len(self.protocols):
             raise ValueError(f"model kind {self.name!r} names a protocol twice")
+        for arm_name, arm in self.bench.items():
+            wrong = [k for k in (*arm.model, *arm.per_length) if k not in names]
+            wrong += [k for k in arm.objective if k not in options]
+            if arm.preset is not None and arm.preset not in self.presets:
+                wrong.append(f"preset {arm.preset!r}")
+            if wrong:
+                raise ValueError(f"model kind {self.name!r}, bench arm {arm_name!r}: "
+                                 f"{', '.join(sorted(set(wrong)))} is not a field, objective "
+                                 f"option or preset of this kind")
 
     # ---- evaluation
     @property
@@ -211,6 +241,31 @@ class ModelKind:
         if self.flops is not None:
             return self.flops(model)
         return 6.0 * sum(p.numel() for p in model.parameters())
+
+    def training_flops_per_token(self, model: nn.Module, objective=None) -> float:
+        """flops_per_token plus what the objective it trains with adds (its Objective.flops)."""
+        extra = 0.0
+        if objective is not None and self.objective and self.objective.flops:
+            extra = self.objective.flops(model, objective)
+        return self.flops_per_token(model) + extra
+
+    def flops_note(self) -> str:
+        """What the FLOP count counts, in a line: the first sentence of its docstring."""
+        doc = (self.flops.__doc__ or "").strip() if self.flops else ""
+        if not doc:
+            return "6 per weight, attention left out" if self.flops is None else "its own count"
+        first = " ".join(doc.split()).split(". ")[0].rstrip(".")
+        return first.removeprefix("Training FLOPs per token: ")
+
+    # ---- the bench of every mechanism
+    @property
+    def bench_arms(self) -> dict[str, BenchArm]:
+        """Its arms in the bench: those it declares, else one named after it."""
+        return dict(self.bench) or {self.name: BenchArm(help=self.summary)}
+
+    def bench_preset(self, arm: BenchArm) -> str:
+        """The preset an arm starts from: its own, else 'tiny', else the first."""
+        return arm.preset or ("tiny" if "tiny" in self.presets else next(iter(self.presets)))
 
     def help_for(self, field_name: str) -> str:
         return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))

@@ -86,6 +86,21 @@ def test_the_xlnet_flop_count_is_the_one_torch_counts(capsys):
     assert abs(kind.flops_per_token(model) / counted - 1) < 0.03, (kind.flops(model), counted)
 
 
+def test_the_bench_counts_what_the_objective_adds():
+    """t12 trains with Chapter 2's losses: their readouts and extra classifier run in the step
+    that is timed, so TFLOP/s (and MFU) count them too."""
+    losses = {"aux_losses": "positions,layers,targets", "aux_targets": 1}
+    r = bench_one("char", "tiny", objective_options=losses, batch_size=2, steps=1, warmup=0,
+                  device="cpu")
+    kind = KINDS["char"]
+    cfg, _ = kind.preset("tiny")
+    model = kind.build(cfg)
+    objective = kind.build_objective(cfg, kind.objective_options("tiny", losses))
+    counted = kind.training_flops_per_token(model, objective)
+    assert counted > 1.05 * kind.flops_per_token(model)
+    assert math.isclose(r["tflops"], counted * r["tokens_per_s"] / 1e12, rel_tol=1e-9)
+
+
 def test_a_kind_without_a_count_is_charged_six_flops_per_weight():
     from dataclasses import replace
 

@@ -1,0 +1,136 @@
+"""The matched-compute planner of the bench of every mechanism (minixl.planner): every
+contestant sized to one parameter count and one budget of training FLOPs, its counts checked
+by hand and against torch's own count of a training step."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from minixl.kinds import KINDS
+from minixl.model_kind import BenchArm
+from minixl.planner import FLOPS_TOLERANCE, PARAMS_TOLERANCE, bench_arms, plan_arm, plan_bench
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
+
+BOOK_ARMS = {"char", "char+aux", "shaw", "xl", "xlnet", "segtree", "bpt"}
+SETTING = dict(budget=1e12, params=200_000, length=128, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return {r.arm: r for r in plan_bench(**SETTING)}
+
+
+def test_every_book_arm_is_matched_within_the_tolerances(plan):
+    assert set(plan) == BOOK_ARMS
+    for r in plan.values():
+        assert r.matched, r
+        assert abs(r.params / SETTING["params"] - 1) <= PARAMS_TOLERANCE
+        assert abs(r.train_flops / SETTING["budget"] - 1) <= FLOPS_TOLERANCE
+        assert r.train_flops == r.steps * r.flops_per_byte * r.batch_size * r.length
+        assert getattr(r.config, KINDS[r.kind].length) == SETTING["length"]
+    # the arms' own settings arrive: a memory as long as the segment, BPT's rule, the losses
+    assert plan["xl"].config.mem_len == 128 and plan["xl"].config.tgt_len == 128
+    assert (plan["bpt"].config.rule, plan["bpt"].config.k) == ("bpt", 4)
+    assert plan["segtree"].config.rule == "segtree"
+    assert plan["char+aux"].objective["aux_losses"] == "positions,layers,targets"
+    assert plan["char"].objective["aux_losses"] == "positions"
+    assert plan["xlnet"].config.n_predict == 21  # the tiny preset's 21 of 128, kept
+    # more FLOPs per byte, fewer steps: the budget, not the step count, is what is equal
+    assert plan["segtree"].flops_per_byte > plan["char"].flops_per_byte
+    assert plan["segtree"].steps < plan["char"].steps
+
+
+def test_the_counts_for_two_kinds_by_hand(plan):
+    """Chapter 1's model, and the same with Chapter 2's losses, counted from their configs:
+    a tied embedding and head V C, a position table per layer L T C, per layer the attention
+    (4 C^2 + 4 C), two norms (4 C) and the feed-forward (2 C F + F + C), the final norm 2 C.
+    FLOPs: 6 per weight but the position table, and 12 L T C for the attention. The losses
+    add one classifier (a norm and C x V with bias) and, on average over the run, (L - 1) / 4
+    intermediate readouts through the tied head, and the classifier on those layers too."""
+    for arm in ("char", "char+aux"):
+        c = plan[arm].config
+        V, C, L, T, F = c.vocab_size, c.d_model, c.n_layer, c.block_size, c.d_inner
+        model = V * C + L * T * C + L * (4 * C * C + 4 * C + 4 * C + 2 * C * F + F + C) + 2 * C
+        flops = 6 * (model - L * T * C) + 12 * L * T * C
+        if arm == "char+aux":
+            head = 2 * C + C * V + V
+            model += head
+            flops += 6 * (V * C * (L - 1) / 4 + head * (1 + (L - 1) / 4))
+        assert plan[arm].params == model
+        assert plan[arm].flops_per_byte == pytest.approx(flops, rel=1e-12)
+
+
+@pytest.mark.parametrize("arm", sorted(BOOK_ARMS))
+def test_the_flops_per_byte_are_what_torch_counts(plan, arm):
+    """Each arm's count against torch's count of one training step's matrix products (the
+    fused attention kernel replaced by its plain form, which torch can count; XL with its
+    memory full; the auxiliary losses averaged over the run's progress): within 5 %."""
+    r = plan[arm]
+    kind = KINDS[r.kind]
+    torch.manual_seed(0)
+    model = kind.build(r.config)
+    objective = kind.build_objective(r.config, r.objective)
+    batches = kind.batches(torch.randint(0, 256, (8192,)), 2, r.config, seed=0)
+    state = None
+    if kind.reads_streams(r.config):
+        with torch.no_grad():
+            _, state = model.step(batches(0)[0])
+    x, y, _ = batches(1)
+    progress = [(i + 0.5) / 32 for i in range(32)] if arm == "char+aux" else [0.5]
+    total = 0
+    for p in progress:
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            if objective is None:
+                logits, _ = model.step(x, state)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+            elif arm == "char+aux":
+                loss = objective(model, x, y, progress=p)[0]["loss"]
+            else:
+                loss = objective(model, x, y, state)[0]["loss"]
+            loss.backward()
+        total += counter.get_total_flops()
+    counted = total / len(progress) / x.numel()
+    assert abs(r.flops_per_byte / counted - 1) < 0.05, (r.flops_per_byte, counted)
+
+
+def test_a_budget_too_small_for_one_match_says_so():
+    r = plan_arm("segtree", KINDS["segtree"], KINDS["segtree"].bench_arms["segtree"],
+                 budget=1e9, params=200_000, length=128, batch_size=8)
+    assert r.steps == 1 and not r.matched and r.flops_off > FLOPS_TOLERANCE
+    assert "of the budget: raise --budget" in r.why
+    with pytest.raises(ValueError, match="budget must be positive, got 0"):
+        plan_bench(**dict(SETTING, budget=0))
+
+
+def test_a_kind_of_your_own_enters_with_its_defaults_and_names_must_differ():
+    mine = replace(KINDS["segtree"], name="mine", bench={})
+    arms = bench_arms([mine, "char"])
+    assert list(arms) == ["mine", "char", "char+aux"]
+    assert arms["mine"][1] == BenchArm(help=mine.summary)
+    [r] = plan_bench(**SETTING, arms={"mine": arms["mine"]})
+    assert r.matched and r.kind == "mine" and r.config.rule == "segtree"
+    twin = replace(KINDS["segtree"], name="twin")  # declares 'segtree' and 'bpt' again
+    with pytest.raises(ValueError, match="two bench arms are called 'segtree'"):
+        bench_arms(["segtree", twin])
+
+
+def test_a_bench_arm_that_names_a_missing_field_is_refused_when_declared():
+    with pytest.raises(ValueError, match="bench arm 'wide': width is not a field"):
+        replace(KINDS["char"], bench={"wide": BenchArm(model={"width": 3})})
+    with pytest.raises(ValueError, match="bench arm 'x': aux_weight is not a field, objective"):
+        replace(KINDS["char"], bench={"x": BenchArm(objective={"aux_weight": 1})})
+
+
+def test_the_depth_moves_when_no_width_comes_near():
+    """A kind whose heads make its narrowest model too big for the target: the planner tries
+    the other depths and says so."""
+    wide_heads = replace(KINDS["char"], name="wide-heads", bench={}, presets={
+        "tiny": replace(KINDS["char"].presets["tiny"],
+                        model=dict(KINDS["char"].presets["tiny"].model, n_head=64, n_layer=8))})
+    [r] = plan_bench(**dict(SETTING, params=150_000),
+                     arms=bench_arms([wide_heads]))
+    assert r.config.n_layer < 8 and "the depth moved" in r.why
