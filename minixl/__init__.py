@@ -187,8 +187,8 @@ _NAMES = {
 _MODULES = (
     'aux_losses', 'bench', 'book_kinds', 'char_transformer', 'check', 'checkpoint',
     'cli', 'data', 'device', 'evaluation', 'experiments', 'kinds', 'launch',
-    'model_kind', 'models', 'options', 'planner', 'plugins', 'relative_attention',
-    'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
+    'model_kind', 'models', 'options', 'planner', 'plugins', 'reach',
+    'relative_attention', 'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
 )
 __all__ = sorted(_NAMES) + list(_MODULES)
 

@@ -112,6 +112,24 @@ AUX_OBJECTIVE = Objective(
     tag=lambda o: f"{o['aux_losses']} targets={o['aux_targets']}", flops=_aux_flops)
 
 
+def _window_reach(config) -> tuple[int, str]:
+    """A byte is predicted from at most the other bytes of its window."""
+    return config.block_size - 1, f"a window of {config.block_size} bytes"
+
+
+def _memory_reach(T: int, M: int, L: int, unit: str = "segment") -> tuple[int, str]:
+    """The most bytes back a prediction can depend on when each of L layers also reads a memory
+    of the M states before its segment of T (Dai et al.'s O(N L) dependency, counted exactly):
+    the last byte of a segment reads back to M before its segment's start, a state there back
+    to M before the start of its own segment, and so on down the layers."""
+    if M == 0:
+        return T - 1, f"{unit}s of {T} bytes and no memory"
+    p = e = (L * (M // T + 2) + 1) * T - 1  # the last byte of a segment far enough in
+    for _ in range(L):
+        e = (e // T) * T - M
+    return p - e, f"{L} layers, each reading a memory of {M} before its {unit} of {T}"
+
+
 def _char_flops(model: nn.Module) -> float:
     """Training FLOPs per token: 6N for the weights (forward and backward; position tables
     are additions, not products) plus 12 L T C for the attention scores, counted in full (the
@@ -158,7 +176,7 @@ CHAR = ModelKind(
     "char", "Chapter 1's CharTransformer, trained on random windows",
     CharTransformerConfig, CharTransformer, "block_size", _CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
-    flops=_char_flops, field_help=_CHAR_HELP,
+    flops=_char_flops, field_help=_CHAR_HELP, reach=_window_reach,
     bench={"char": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 1's dense model, the next-byte loss at every position"),
            "char+aux": BenchArm(objective=dict(aux_losses="positions,layers,targets",
@@ -171,7 +189,7 @@ SHAW = ModelKind(
     "block_size", {n: p for n, p in _CHAR_PRESETS.items() if not p.paper},
     objective=AUX_OBJECTIVE,
     no_decay=("w_k", "w_v"),  # relative positions a^K, a^V, one row per clipped distance
-    flops=_shaw_flops,
+    flops=_shaw_flops, reach=_window_reach,
     field_help=_CHAR_HELP | {"max_relative": "the clipping distance k of relative attention"},
     bench={"shaw": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 3's relative attention, no absolute positions")})
@@ -220,6 +238,7 @@ XL = ModelKind(
     protocols=("memory", "all-positions", "sliding"),
     no_decay=("r_w_bias", "r_r_bias"),  # the global content and position biases u, v [H, D]
     flops=_xl_flops, eval_overrides=("tgt_len", "mem_len", "clamp_len"),
+    reach=lambda c: _memory_reach(c.tgt_len, c.mem_len, c.n_layer),
     bench={"xl": BenchArm(per_length=("mem_len",),
                           help="Chapter 4's Transformer-XL on ordered streams, a memory as long "
                                "as its segment")},
@@ -298,6 +317,7 @@ XLNET = ModelKind(
     # u, v and the segment bias [H, D]; the two segment encodings s+, s- [2, H, D]
     no_decay=("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"),
     flops=_xlnet_flops,
+    reach=lambda c: _memory_reach(c.seq_len, c.mem_len, c.n_layer, "window"),
     bench={"xlnet": BenchArm(per_length=("n_predict",),
                              help="Chapter 5's XLNet, the permutation objective on random "
                                   "windows, about a sixth of each window predicted")},
@@ -393,7 +413,7 @@ SEGTREE = ModelKind(
     "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --rule, --k)",
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
-    flops=_segtree_flops, memory=_segtree_memory,
+    flops=_segtree_flops, memory=_segtree_memory, reach=_window_reach,
     bench={"segtree": BenchArm(help="Chapter 6's SegTree Transformer, the seed's rule"),
            "bpt": BenchArm(model=dict(rule="bpt", k=4),
                            help="the same model with BP-Transformer's rule, k = 4")},
