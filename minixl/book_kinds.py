@@ -113,21 +113,22 @@ AUX_OBJECTIVE = Objective(
 
 
 def _window_reach(config) -> tuple[int, str]:
-    """A byte is predicted from at most the other bytes of its window."""
-    return config.block_size - 1, f"a window of {config.block_size} bytes"
+    """A byte is predicted from at most the window's worth of bytes before it."""
+    return config.block_size, f"a window of {config.block_size} bytes"
 
 
 def _memory_reach(T: int, M: int, L: int, unit: str = "segment") -> tuple[int, str]:
-    """The most bytes back a prediction can depend on when each of L layers also reads a memory
-    of the M states before its segment of T (Dai et al.'s O(N L) dependency, counted exactly):
-    the last byte of a segment reads back to M before its segment's start, a state there back
-    to M before the start of its own segment, and so on down the layers."""
+    """How far back from the byte predicted its prediction can read when each of L layers also
+    reads a memory of the M states before its segment of T (Dai et al.'s O(N L) dependency,
+    counted exactly): the last position of a segment, which predicts the next byte, reads
+    back to M before its segment's start, a state there back to M before the start of its own
+    segment, and so on down the layers."""
     if M == 0:
-        return T - 1, f"{unit}s of {T} bytes and no memory"
-    p = e = (L * (M // T + 2) + 1) * T - 1  # the last byte of a segment far enough in
+        return T, f"{unit}s of {T} bytes and no memory"
+    p = e = (L * (M // T + 2) + 1) * T - 1  # the last position of a segment far enough in
     for _ in range(L):
         e = (e // T) * T - M
-    return p - e, f"{L} layers, each reading a memory of {M} before its {unit} of {T}"
+    return p + 1 - e, f"{L} layers, each reading a memory of {M} before its {unit} of {T}"
 
 
 def _char_flops(model: nn.Module) -> float:
@@ -141,13 +142,14 @@ def _char_flops(model: nn.Module) -> float:
 
 
 def _shaw_flops(model: nn.Module) -> float:
-    """Training FLOPs per token: Chapter 1's count plus Shaw's relative terms, which minixl
-    computes per distance, not per pair (Chapter 3.5): each query against the 2K + 1 key
-    offsets a^K, and the weights summed per distance against the value offsets a^V, 12 L
-    (2K + 1) C, with K the clipping distance, at most T - 1."""
+    """Training FLOPs per token: Chapter 1's count, but Shaw's relative terms as minixl
+    computes them, per distance and not per pair (Chapter 3.5): each query against the 2K + 1
+    key offsets a^K, and the weights summed per distance against the value offsets a^V, 12 L
+    (2K + 1) C (not 6 per weight of a^K and a^V, which serve every head)."""
     c = model.config
-    distances = 2 * min(c.max_relative, c.block_size - 1) + 1
-    return _char_flops(model) + 12 * c.n_layer * distances * c.d_model
+    tables = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("w_k", "w_v")))
+    return (_char_flops(model) - 6 * tables
+            + 12 * c.n_layer * (2 * c.max_relative + 1) * c.d_model)
 
 
 _CHAR_PRESETS = {

@@ -124,9 +124,9 @@ class ModelKind:
     # how it enters the bench of every mechanism, {arm name: BenchArm}; empty: one arm named
     # after the kind, with its defaults
     bench: dict[str, BenchArm] = field(default_factory=dict)
-    # (the most bytes back a prediction can depend on, and why), from a config: a window, a
-    # memory, a tree; the bench marks the distances past it before training (minixl.reach).
-    # None: not stated
+    # (how far back from a byte its prediction can read, at most, and why), from a config: a
+    # window, a memory, a tree; the bench marks the distances past it before training
+    # (minixl.reach). None: not stated
     reach: Callable[[object], tuple[int, str]] | None = None
 
     def __post_init__(self):

@@ -139,31 +139,37 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
                                                              **(objective or {})})
     start = _start(kind, arm, length)
     notes = []
-    if {"d_model", "n_head"} <= {f.name for f in fields(start)}:
+    names = {f.name for f in fields(start)}
+    if {"d_model", "n_head"} <= names:
         def best_width(depth):
             """(|log off|, config, params, flops) of the width nearest the target."""
-            best, m = None, 1
-            while True:
+            best, refused = None, None
+            for m in range(1, (1 << 15) // start.n_head + 1):
                 config = _sized(start, m * start.n_head, depth)
                 try:
                     weights, flops = _count(kind, config, options)
-                except ValueError:  # a width the kind refuses (too narrow for its heads)
-                    m += 1
+                except ValueError as err:  # a width the kind refuses (too narrow, say)
+                    refused = err
                     continue
                 score = abs(math.log(weights / params))
                 if best is None or score < best[0]:
                     best = (score, config, weights, flops)
-                if weights > 2 * params or m * start.n_head > 1 << 15:
-                    return best
-                m += 1
+                if weights > 2 * params:
+                    break
+            if best is None:
+                raise ValueError(f"bench arm {name!r}: no width of --model {kind.name} builds "
+                                 f"at length {length} (the last refusal: {refused})")
+            return best
 
         chosen = best_width(None)
-        if chosen[0] > math.log(1 + PARAMS_TOLERANCE):  # try other depths too
-            for depth in range(1, 2 * getattr(start, "n_layer", 1) + 1):
+        if abs(_off(chosen[2], params)) > PARAMS_TOLERANCE and "n_layer" in names:
+            for depth in range(1, 2 * start.n_layer + 1):  # the other depths too
                 other = best_width(depth)
                 if other[0] < chosen[0]:
                     chosen = other
-            notes.append("no width at the preset's depth came within 10 %: the depth moved")
+            if chosen[1].n_layer != start.n_layer:
+                notes.append(f"no width at the preset's {start.n_layer} layers came within "
+                             f"10 %: {chosen[1].n_layer} layers")
         _, config, weights, flops = chosen
         if abs(_off(weights, params)) > PARAMS_TOLERANCE:
             notes.append(f"the width moves in steps of n_head = {start.n_head}: the nearest "

@@ -98,10 +98,10 @@ def score_reach(log_probs: torch.Tensor, targets: torch.Tensor, distance: torch.
 
 def unreachable(kind, config, distances) -> dict[int, str]:
     """{distance: why} for the distances a model of this kind and config cannot reach by
-    construction (its kind's `reach`: the most bytes back a prediction can depend on); an
-    empty dict when it can reach them all, or when the kind does not say."""
+    construction (its kind's `reach`: how far back from a byte its prediction can read, at
+    most); an empty dict when it can reach them all, or when the kind does not say."""
     if kind.reach is None:
         return {}
     most, how = kind.reach(config)
-    return {int(d): f"reads at most {most:,} bytes back ({how})" for d in distances
-            if int(d) > most}
+    return {int(d): f"a prediction reads at most {most:,} bytes back ({how})"
+            for d in distances if int(d) > most}

@@ -133,4 +133,14 @@ def test_the_depth_moves_when_no_width_comes_near():
                         model=dict(KINDS["char"].presets["tiny"].model, n_head=64, n_layer=8))})
     [r] = plan_bench(**dict(SETTING, params=150_000),
                      arms=bench_arms([wide_heads]))
-    assert r.config.n_layer < 8 and "the depth moved" in r.why
+    assert r.config.n_layer < 8 and "came within 10 %: " in r.why
+
+
+def test_a_kind_that_builds_at_no_width_is_refused_not_planned_forever():
+    def refuse(config):
+        raise ValueError("too narrow")
+
+    never = replace(KINDS["char"], name="never", bench={}, build=refuse)
+    with pytest.raises(ValueError, match="bench arm 'never': no width of --model never builds "
+                                         "at length 128 \\(the last refusal: too narrow\\)"):
+        plan_bench(**SETTING, arms=bench_arms([never]))

@@ -87,23 +87,23 @@ def test_bad_input_says_what_was_expected():
 def test_what_each_kind_cannot_reach_is_said_from_its_config():
     char = KINDS["char"]
     config = char.preset("tiny")[0]  # windows of 128
-    marked = unreachable(char, config, [16, 127, 128, 4096])
-    assert sorted(marked) == [128, 4096]
-    assert marked[128] == "reads at most 127 bytes back (a window of 128 bytes)"
+    marked = unreachable(char, config, [16, 128, 129, 4096])
+    assert sorted(marked) == [129, 4096]  # the last byte of a window predicts one 128 past 0
+    assert marked[129] == "a prediction reads at most 128 bytes back (a window of 128 bytes)"
     xl = KINDS["xl"]
     xl_config = xl.preset("tiny")[0]  # 4 layers, segments and memory of 128
-    assert xl.reach(xl_config) == (639, "4 layers, each reading a memory of 128 before its "
+    assert xl.reach(xl_config) == (640, "4 layers, each reading a memory of 128 before its "
                                    "segment of 128")
-    assert sorted(unreachable(xl, xl_config, [639, 640])) == [640]
-    assert xl.reach(replace(xl_config, mem_len=0))[0] == 127
+    assert sorted(unreachable(xl, xl_config, [640, 641])) == [641]
+    assert xl.reach(replace(xl_config, mem_len=0))[0] == 128
     assert unreachable(replace(char, reach=None), config, [4096]) == {}
 
 
-@pytest.mark.parametrize("mem_len,reach", [(4, 11), (3, 10), (0, 3)])
+@pytest.mark.parametrize("mem_len,reach", [(4, 12), (3, 11), (0, 4)])
 def test_xl_reaches_exactly_as_far_as_its_config_says(mem_len, reach):
-    """A Transformer-XL reading a stream segment by segment, its memory carried: the last
-    byte's prediction changes when any byte up to `reach` back changes, and never when an
-    earlier one does."""
+    """A Transformer-XL reading a stream segment by segment, its memory carried: the
+    prediction of the byte after the last one changes when any byte up to `reach` before
+    that byte changes, and never when an earlier one does."""
     torch.manual_seed(0)
     config = TransformerXLConfig(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32,
                                  tgt_len=4, mem_len=mem_len, pre_lnorm=True)
@@ -122,4 +122,4 @@ def test_xl_reaches_exactly_as_far_as_its_config_says(mem_len, reach):
     for d in range(24):
         y = x.clone()
         y[0, 23 - d] = (y[0, 23 - d] + 1) % 256
-        assert (not torch.equal(last(y), base)) == (d <= reach), d
+        assert (not torch.equal(last(y), base)) == (d + 1 <= reach), d  # d + 1 from byte 24

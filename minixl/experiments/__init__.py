@@ -45,6 +45,9 @@ class Experiment:
     options: tuple[Option, ...] = ()
     columns: tuple[str, ...] = ()  # the printed table's (empty: every column)
     report: str | None = None
+    # the function also takes csv=, the path its rows go to, and writes files of its own
+    # beside it as it goes (a long run that resumes)
+    beside: bool = False
 
     def function(self) -> Callable[..., list[dict]]:
         return _load(self.run)
@@ -66,8 +69,9 @@ def register(experiment: Experiment) -> Experiment:
     return experiment
 
 
-def run(name: str, **options) -> list[dict]:
-    """The rows of entry `name` with these options (the others at their defaults)."""
+def run(name: str, *, csv: str | Path | None = None, **options) -> list[dict]:
+    """The rows of entry `name` with these options (the others at their defaults); csv: where
+    they will be written (an entry that writes files beside them is told; default its own)."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
     entry = EXPERIMENTS[name]
@@ -76,7 +80,10 @@ def run(name: str, **options) -> list[dict]:
     if unknown:
         raise ValueError(f"{name} takes no option {', '.join(unknown)}; it takes "
                          f"{', '.join(sorted(known)) or 'none'}")
-    rows = entry.function()(**{o.name: options.get(o.name, o.default) for o in entry.options})
+    given = {o.name: options.get(o.name, o.default) for o in entry.options}
+    if entry.beside:
+        given["csv"] = str(csv or entry.csv)
+    rows = entry.function()(**given)
     if not rows:
         raise ValueError(f"{name} measured nothing with these settings")
     return rows
@@ -171,7 +178,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m minixl.experiment
     entry = EXPERIMENTS[args.name]
     options = {o.name: getattr(args, o.name) for o in entry.options}
     try:
-        rows = run(entry.name, **options)
+        rows = run(entry.name, csv=args.csv, **options)
         path = write_csv(rows, args.csv)
     except (ValueError, OSError) as err:
         print(f"{say or prog}: error: {err}", file=sys.stderr)
@@ -376,3 +383,25 @@ register(Experiment(
      _THREADS),
     ("task", "arm", "window", "seed", "distance", "accuracy", "accuracy_near", "accuracy_far",
      "bits")))
+
+register(Experiment(
+    "bench_all", "minixl.experiments.bench_all:bench_all", "book/bench/quality.csv",
+    "The bench of every mechanism: every contestant at one parameter count and one budget of "
+    "training FLOPs (minixl.planner), held-out bpc under its own protocol and read left to "
+    "right, and the reach task by distance; plan.csv and reach.csv beside --csv, each point "
+    "written when done (a stopped run resumes)",
+    (Option("budget", float, 2e12, "training FLOPs of every contestant's run"),
+     Option("params", int, 200_000, "the parameter count every contestant is sized to"),
+     _SEEDS,
+     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
+            "(default: every registered kind's arms)"),
+     Option("lengths", str, "128,512", "comma-separated window (or segment) lengths"),
+     Option("distances", str, "16,64,256,1024,4096", "comma-separated distances of the reach "
+            "task (each at least 8)"),
+     Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
+     Option("eval_bytes", int, 32768, "held-out bytes read by both protocols"),
+     Option("reach_eval", int, 200, "held-out reach records per seed"),
+     Option("lr", float, 2e-3, "peak learning rate, every contestant"),
+     _CUDA_DEVICE, _THREADS),
+    ("arm", "length", "seed", "params", "steps", "own_protocol", "own_bpc", "common_bpc",
+     "train_seconds"), beside=True))

@@ -1,0 +1,203 @@
+"""The bench of every mechanism (`python -m minixl.experiments bench_all`): every contestant
+through the planner, both readings and the reach task at a tiny setting, as a user runs it;
+a run stopped by Ctrl-C goes on from the points it wrote and ends where an unstopped one
+does; a folder of another run is refused."""
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minixl.experiments.bench_all import bench_all, contestants, read_left_to_right
+from minixl.kinds import KINDS
+from minixl.planner import FLOPS_TOLERANCE, PARAMS_TOLERANCE
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+TINY = ["--budget", "1e9", "--params", "20000", "--lengths", "32", "--distances", "16,64",
+        "--batch-size", "4", "--eval-bytes", "1024", "--reach-eval", "10"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+    [str(HERE)] + os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _bench(out: Path, *extra: str, code: int = 0) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", *TINY,
+                        "--csv", str(out / "quality.csv"), *extra],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert r.returncode == code, r.stdout + r.stderr
+    return r
+
+
+def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reach_task(
+        tmp_path):
+    out = tmp_path / "bench"
+    r = _bench(out, "--seeds", "0", "--models", "char,char+aux,shaw,xl,xlnet,segtree,bpt,"
+               "test_plugin:BIGRAM")
+    arms = ["char", "char+aux", "shaw", "xl", "xlnet", "segtree", "bpt", "bigram"]
+    plan, quality, reach = (_read(out / f) for f in ("plan.csv", "quality.csv", "reach.csv"))
+    assert [p["arm"] for p in plan] == [q["arm"] for q in quality] == arms
+    assert r.stdout.count("bench_all [") == 2 * len(arms)  # a progress line per point
+    for p in plan:
+        if p["arm"] == "bigram":  # no width to size: said, and not claimed matched
+            assert "no d_model and n_head fields" in p["why"]
+            continue
+        assert p["matched"] == "True", p
+        assert abs(float(p["params_off"])) <= PARAMS_TOLERANCE
+        assert abs(float(p["flops_off"])) <= FLOPS_TOLERANCE
+    for q in quality:
+        assert 0 < float(q["own_bpc"]) < 9 and 0 < float(q["common_bpc"]) < 9, q
+    assert {q["arm"]: q["own_protocol"] for q in quality}["xl"] == "memory"
+    assert {q["arm"]: q["own_protocol"] for q in quality}["xlnet"] == "infill"
+    for arm in arms:
+        rows = [x for x in reach if x["arm"] == arm]
+        assert [x["band"] for x in rows] == ["16-63", "64"]
+        assert sum(int(x["cases"]) for x in rows) == 10 * 6
+        segment = 32 if arm == "xl" else 8  # its memory's segment, or a quarter window
+        for x in rows:  # marked from the config, before training: by the kind's reach
+            assert 0 <= float(x["accuracy"]) <= 1 and float(x["bits"]) > 0
+            if arm == "bigram":
+                assert x["reachable"] == "not stated by its kind" and x["reach"] == ""
+                continue
+            most, d = int(x["reach"]), int(x["low"])
+            if d <= most - segment + 1:
+                assert x["reachable"] == "yes", x
+            elif d <= most:
+                assert x["reachable"].startswith("partly: read in segments of "), x
+            else:
+                assert x["reachable"].startswith("a prediction reads at most "), x
+    marks = {x["arm"]: x["reachable"] for x in reach if x["band"] == "64"}
+    assert marks["xl"] == "yes"  # 4 layers of memory reach 64 bytes back; a window of 32 not
+    assert marks["char"] == "a prediction reads at most 32 bytes back (a window of 32 bytes)"
+
+
+@pytest.mark.slow
+def test_a_stopped_bench_goes_on_from_the_points_it_wrote(tmp_path):
+    """Ctrl-C in the middle of the fourth point's training (a real SIGINT, sent by the
+    process to itself at a fixed batch): it says where it stopped and exits 130; the same
+    command then runs only the points that are not written, and every row equals an
+    unstopped run's."""
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    models = ["--models", "char,xl", "--seeds", "0,1"]
+    _bench(whole, *models)
+    stop = """if True:
+        import os, signal, sys
+        from minixl import data
+        calls = [0]
+        for cls in (data.RandomWindows, data.OrderedStreams):
+            def call(self, i, real=cls.__call__):
+                calls[0] += 1
+                if calls[0] == int(sys.argv[1]):
+                    os.kill(os.getpid(), signal.SIGINT)
+                return real(self, i)
+            cls.__call__ = call
+        from minixl.experiments import main
+        sys.exit(main(sys.argv[2:]))
+    """
+    steps = [int(p["steps"]) for p in _read(whole / "plan.csv")]  # char, xl
+    at = steps[0] + steps[1] + steps[0] + steps[1] // 2  # inside the fourth point
+    r = subprocess.run([sys.executable, "-c", stop, str(at), "bench_all", *TINY, *models,
+                        "--csv", str(part / "quality.csv")],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert f"bench_all: stopped; 3 of 8 points are written in {part}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(_read(part / "quality.csv")) == 3
+    r = _bench(part, *models)
+    assert [line.split("]")[0] for line in r.stdout.splitlines()
+            if line.startswith("bench_all [")] == [f"bench_all [{i}/8" for i in range(4, 9)]
+    for name in ("quality.csv", "reach.csv"):
+        drop = {"train_seconds"}  # the only column that is not a function of the settings
+        a = [{k: v for k, v in row.items() if k not in drop} for row in _read(whole / name)]
+        b = [{k: v for k, v in row.items() if k not in drop} for row in _read(part / name)]
+        assert a == b, name
+
+
+def test_a_folder_of_another_run_is_refused(tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "quality.csv").write_text("arm,length,seed,settings\nchar,32,0,\"{\"\"lr\"\": 1}\"\n")
+    with pytest.raises(ValueError, match=r"holds a run with other settings .*give another "
+                                         r"--csv, or delete its folder's plan.csv"):
+        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+                  distances="16", csv=str(out / "quality.csv"))
+    (out / "quality.csv").write_text("arm,length,seed\nchar,32,0\n")
+    with pytest.raises(ValueError, match="is not a file bench_all wrote"):
+        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+                  distances="16", csv=str(out / "quality.csv"))
+
+
+def test_the_contestants_are_named_by_arm_kind_or_module():
+    assert list(contestants("xl,bpt")) == ["xl", "bpt"]
+    assert list(contestants("char")) == ["char"]  # an arm's name first
+    assert list(contestants()) == [a for k in KINDS.values() for a in k.bench_arms]
+    with pytest.raises(ValueError, match="--models: 'gpt' is neither a bench arm"):
+        contestants("char,gpt")
+
+
+def test_reading_left_to_right_is_each_byte_from_what_came_before():
+    """The common protocol on a window model read in segments of s: the byte after position
+    t - 1 is predicted from the window that ends with t - 1's segment, which keeps n - s
+    earlier bytes (all of them near the start; more before a shorter last segment): checked
+    against the model run by hand on exactly those bytes, for every byte (the bits) and at
+    the asked positions (the log-probabilities)."""
+    from conftest import tiny_model
+
+    model = tiny_model("char").eval()
+    n = model.config.block_size
+    s = n // 4
+    data = torch.randint(256, (3 * n + 3,), generator=torch.Generator().manual_seed(0))
+    answers = torch.tensor([1, n, 2 * n + 5, 3 * n + 2])
+    bits, logp = read_left_to_right(model, data, segment=s, answers=answers)
+    with torch.no_grad():
+        by_hand = []
+        for t in range(1, len(data)):
+            start = (t - 1) // s * s  # the segment that holds byte t - 1
+            keep = min(start, n - min(s, len(data) - start))  # the last may be shorter
+            by_hand.append(model(data[start - keep:t].long()[None])[0, -1].log_softmax(-1))
+    by_hand = torch.stack(by_hand)
+    nll = -by_hand.gather(1, data[1:].long()[:, None]).mean().item() / math.log(2)
+    assert bits == pytest.approx(nll, rel=1e-5)
+    torch.testing.assert_close(logp, by_hand[answers - 1], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="need segment >= 1 and at least 2 bytes"):
+        read_left_to_right(model, data[:1], segment=s)
+    with pytest.raises(ValueError, match="answers must be increasing positions in 1.."):
+        read_left_to_right(model, data, segment=s, answers=torch.tensor([5, 3]))
+
+
+def test_a_plan_that_changed_since_the_rows_were_written_is_refused(tmp_path):
+    """The same settings but another plan (a kind's definition changed): the old rows are
+    not mixed with new ones."""
+    from minixl.experiments.bench_all import _settings
+
+    settings = _settings(budget=1e9, params=20000, batch_size=8, eval_bytes=32768,
+                         reach_eval=200, lr=2e-3, distances=[16])
+    quoted = settings.replace('"', '""')
+    (tmp_path / "plan.csv").write_text(
+        f'arm,length,params,steps,settings\nchar,32,1,1,"{quoted}"\n')
+    with pytest.raises(ValueError, match="the plan of char at length 32 has changed since"):
+        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+                  distances="16", csv=str(tmp_path / "quality.csv"))
+
+
+def test_reach_under_the_common_protocol_is_yes_partly_or_no():
+    from minixl.experiments.bench_all import _reachable
+
+    far = {300: "a prediction reads at most 256 bytes back (a window of 256 bytes)"}
+    assert _reachable(16, 256, 64, far) == "yes"
+    assert _reachable(193, 256, 64, far) == "yes"  # the first byte of a segment reads 193
+    assert _reachable(194, 256, 64, far).startswith("partly: read in segments of 64, a "
+                                                    "prediction early in its segment reads "
+                                                    "as few as 193 bytes back")
+    assert _reachable(256, 256, 64, far).startswith("partly")
+    assert _reachable(300, 256, 64, far) == far[300]
+    assert _reachable(300, None, 64, {}) == "not stated by its kind"
