@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from minixl.experiments.bench_all import bench_all, contestants, read_left_to_right
+from minixl.experiments.bench_all import (QUALITY_COLUMNS, REACH_COLUMNS, bench_all,
+                                          contestants, read_left_to_right)
 from minixl.kinds import KINDS
 from minixl.planner import FLOPS_TOLERANCE, PARAMS_TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-TINY = ["--budget", "1e9", "--params", "20000", "--lengths", "32", "--distances", "16,64",
+TINY = ["--budgets", "1e9", "--params", "20000", "--lengths", "32", "--distances", "16,64",
         "--batch-size", "4", "--eval-bytes", "1024", "--reach-eval", "10"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
     [str(HERE)] + os.environ.get("PYTHONPATH", "").split(os.pathsep))}
@@ -45,6 +46,7 @@ def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reac
                "test_plugin:BIGRAM")
     arms = ["char", "char+aux", "shaw", "xl", "xlnet", "segtree", "bpt", "bigram"]
     plan, quality, reach = (_read(out / f) for f in ("plan.csv", "quality.csv", "reach.csv"))
+    assert tuple(quality[0]) == QUALITY_COLUMNS and tuple(reach[0]) == REACH_COLUMNS
     assert [p["arm"] for p in plan] == [q["arm"] for q in quality] == arms
     assert r.stdout.count("bench_all [") == 2 * len(arms)  # a progress line per point
     for p in plan:
@@ -128,11 +130,11 @@ def test_a_folder_of_another_run_is_refused(tmp_path):
     (out / "quality.csv").write_text("arm,length,seed,settings\nchar,32,0,\"{\"\"lr\"\": 1}\"\n")
     with pytest.raises(ValueError, match=r"holds a run with other settings .*give another "
                                          r"--csv, or delete its folder's plan.csv"):
-        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+        bench_all(budgets="1e9", params=20000, seeds="0", models="char", lengths="32",
                   distances="16", csv=str(out / "quality.csv"))
     (out / "quality.csv").write_text("arm,length,seed\nchar,32,0\n")
     with pytest.raises(ValueError, match="is not a file bench_all wrote"):
-        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+        bench_all(budgets="1e9", params=20000, seeds="0", models="char", lengths="32",
                   distances="16", csv=str(out / "quality.csv"))
 
 
@@ -179,13 +181,14 @@ def test_a_plan_that_changed_since_the_rows_were_written_is_refused(tmp_path):
     not mixed with new ones."""
     from minixl.experiments.bench_all import _settings
 
-    settings = _settings(budget=1e9, params=20000, batch_size=8, eval_bytes=32768,
+    settings = _settings(params=20000, batch_size=8, eval_bytes=32768,
                          reach_eval=200, lr=2e-3, distances=[16])
     quoted = settings.replace('"', '""')
     (tmp_path / "plan.csv").write_text(
-        f'arm,length,params,steps,settings\nchar,32,1,1,"{quoted}"\n')
-    with pytest.raises(ValueError, match="the plan of char at length 32 has changed since"):
-        bench_all(budget=1e9, params=20000, seeds="0", models="char", lengths="32",
+        f'arm,length,budget,params,steps,settings\nchar,32,1e9,1,1,"{quoted}"\n')
+    with pytest.raises(ValueError, match="the plan of char at length 32 and budget 1e.09 has "
+                                         "changed since"):
+        bench_all(budgets="1e9", params=20000, seeds="0", models="char", lengths="32",
                   distances="16", csv=str(tmp_path / "quality.csv"))
 
 

@@ -68,7 +68,7 @@ TINY = {
                        "0"],
                       ["task", "arm", "window", "seed", "steps", "distance", "accuracy",
                        "accuracy_near", "accuracy_far", "bits", "cases"]),
-    "bench_all": (["--budget", "1e9", "--params", "20000", "--seeds", "0", "--models",
+    "bench_all": (["--budgets", "1e9", "--params", "20000", "--seeds", "0", "--models",
                    "char,segtree", "--lengths", "32", "--distances", "16,64", "--batch-size",
                    "4", "--eval-bytes", "1024", "--reach-eval", "10"],
                   ["arm", "kind", "length", "seed", "params", "steps", "train_flops",

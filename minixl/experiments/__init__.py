@@ -386,11 +386,12 @@ register(Experiment(
 
 register(Experiment(
     "bench_all", "minixl.experiments.bench_all:bench_all", "book/bench/quality.csv",
-    "The bench of every mechanism: every contestant at one parameter count and one budget of "
+    "The bench of every mechanism: every contestant at one parameter count and each budget of "
     "training FLOPs (minixl.planner), held-out bpc under its own protocol and read left to "
     "right, and the reach task by distance; plan.csv and reach.csv beside --csv, each point "
     "written when done (a stopped run resumes)",
-    (Option("budget", float, 2e12, "training FLOPs of every contestant's run"),
+    (Option("budgets", str, "5e11,1e12,2e12", "comma-separated budgets of training FLOPs: "
+            "every contestant trains once at each (the reach task at the largest)"),
      Option("params", int, 200_000, "the parameter count every contestant is sized to"),
      _SEEDS,
      Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "

@@ -2,12 +2,12 @@
 task, each read under its own protocol and under one common protocol.
 
 Hand-written (not generated). `bench_all` plans every contestant (`minixl.planner`: one
-parameter count, one budget of training FLOPs, at each window length), trains it on the
+parameter count, and each budget of training FLOPs at each window length), trains it on the
 corpus and reads the held-out text twice: under its kind's own default protocol, and under the
 common one, `read_left_to_right` (every byte predicted in order from all the context the
 model carries: a window's earlier bytes, a memory of past segments). Then it trains each
-contestant again, at the same budget, on the reach task (`minixl.reach`) and scores its
-answers by band of distance under the common protocol, marking before it trains the
+contestant again, at the largest budget and length, on the reach task (`minixl.reach`) and
+scores its answers by band of distance under the common protocol, marking before it trains the
 distances the model cannot reach by construction.
 
 It writes the quality rows to its CSV (`--csv`, default book/bench/quality.csv) and plan.csv
@@ -34,10 +34,10 @@ from . import int_list, torch_threads, write_csv
 __all__ = ["read_left_to_right", "contestants", "bench_all", "QUALITY_COLUMNS",
            "REACH_COLUMNS"]
 
-QUALITY_COLUMNS = ("arm", "kind", "length", "seed", "params", "steps", "train_flops",
+QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
-REACH_COLUMNS = ("arm", "kind", "length", "seed", "band", "low", "high", "cases", "accuracy",
-                 "bits", "reach", "reachable", "settings")
+REACH_COLUMNS = ("arm", "kind", "length", "budget", "seed", "band", "low", "high", "cases",
+                 "accuracy", "bits", "reach", "reachable", "settings")
 
 
 @torch.no_grad()
@@ -171,7 +171,18 @@ def _reachable(distance: int, most: int | None, segment: int, far: dict) -> str:
     return "yes"
 
 
-def bench_all(budget: float = 2e12, params: int = 200_000, seeds: str = "0,1,2",
+def _float_list(text: str, name: str) -> list[float]:
+    try:
+        values = [float(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} takes comma-separated numbers, e.g. 5e11,1e12; got "
+                         f"{text!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"--{name} needs at least one number, each > 0; got {text!r}")
+    return values
+
+
+def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str = "0,1,2",
               models: str | None = None, lengths: str = "128,512",
               distances: str = "16,64,256,1024,4096", batch_size: int = 8,
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
@@ -179,85 +190,92 @@ def bench_all(budget: float = 2e12, params: int = 200_000, seeds: str = "0,1,2",
               threads: int = 1) -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
-    length."""
+    length and the largest budget."""
     from ..data import load_corpus
     from ..evaluation import evaluate
     from ..planner import plan_bench
     from ..reach import distance_bands, reach_records, score_reach, unreachable
 
-    budget = float(budget)
+    budget_list = _float_list(budgets, "budgets")
     length_list = int_list(lengths, "lengths", 2)
     distance_list = int_list(distances, "distances", 8)
     seed_list = int_list(seeds, "seeds", 0)
-    if budget <= 0 or params < 1 or batch_size < 1 or eval_bytes < 2 or reach_eval < 1:
-        raise ValueError(f"need --budget > 0, --params >= 1, --batch-size >= 1, --eval-bytes "
-                         f">= 2 and --reach-eval >= 1; got {budget}, {params}, {batch_size}, "
-                         f"{eval_bytes} and {reach_eval}")
+    if params < 1 or batch_size < 1 or eval_bytes < 2 or reach_eval < 1:
+        raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-bytes >= 2 and "
+                         f"--reach-eval >= 1; got {params}, {batch_size}, {eval_bytes} and "
+                         f"{reach_eval}")
     arms = contestants(models)
     quality_csv = Path(csv)
     folder = quality_csv.parent
-    settings = _settings(budget=budget, params=params, batch_size=batch_size,
+    settings = _settings(params=params, batch_size=batch_size,
                          eval_bytes=eval_bytes, reach_eval=reach_eval, lr=lr,
                          distances=distance_list)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
-    done_q = {(r["arm"], int(r["length"]), int(r["seed"])) for r in quality}
-    done_r = {(r["arm"], int(r["length"]), int(r["seed"])) for r in reach_rows}
+    done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"])) for r in quality}
+    done_r = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
+              for r in reach_rows}
     with torch_threads(threads):
         plans = {}
         for length in length_list:
-            for r in plan_bench(budget=budget, params=params, length=length,
-                                batch_size=batch_size, arms=arms):
-                plans[r.arm, length] = r
-        planned = {(r["arm"], int(r["length"])): r for r in _done(folder / "plan.csv",
-                                                                   settings)}
-        for (name, length), plan in plans.items():
-            row = dict(plan.as_row(), settings=settings)
-            old = planned.get((name, length))
+            for budget in budget_list:
+                for r in plan_bench(budget=budget, params=params, length=length,
+                                    batch_size=batch_size, arms=arms):
+                    plans[r.arm, length, budget] = r
+        planned = {(r["arm"], int(r["length"]), float(r["budget"])): r
+                   for r in _done(folder / "plan.csv", settings)}
+        for (name, length, budget), plan in plans.items():
+            row = dict(plan.as_row(), budget=budget, settings=settings)
+            old = planned.get((name, length, budget))
             if old is not None and (int(old["params"]), int(old["steps"])) != (plan.params,
                                                                                plan.steps):
-                raise ValueError(f"the plan of {name} at length {length} has changed since "
+                raise ValueError(f"the plan of {name} at length {length} and budget {budget:g} "
+                                 f"has changed since "
                                  f"{folder / 'plan.csv'} was written ({old['params']} "
                                  f"parameters, {old['steps']} steps; now {plan.params}, "
                                  f"{plan.steps}): give another --csv, or delete its folder's "
                                  "plan.csv, quality.csv and reach.csv to start over")
-            planned[name, length] = row
+            planned[name, length, budget] = row
         write_csv(list(planned.values()), folder / "plan.csv")
         corpus = load_corpus("pydoc")
         held = corpus.valid[:eval_bytes]
-        reach_length = max(length_list)
+        reach_length, reach_budget = max(length_list), max(budget_list)
         train_reach = reach_records(max(64, 40_000 // max(distance_list)) * len(distance_list),
                                     distance_list, seed=0)
         bands = distance_bands(distance_list)
-        points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
+        points = [(a, n, b, s) for s in seed_list for n in length_list for b in budget_list
+                  for a in arms]
         total = len(points) + len(seed_list) * len(arms)
         count = (sum(p in done_q for p in points)
-                 + sum((a, reach_length, s) in done_r for s in seed_list for a in arms))
+                 + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
+                       for a in arms))
         try:
-            for name, length, seed in points:
-                if (name, length, seed) in done_q:
+            for name, length, budget, seed in points:
+                if (name, length, budget, seed) in done_q:
                     continue
-                kind, plan = arms[name][0], plans[name, length]
+                kind, plan = arms[name][0], plans[name, length, budget]
                 model, seconds = _train(kind, plan, corpus.train, seed=seed, lr=lr, device=device)
                 own = evaluate(model, held, kind.protocol(), kind=kind, seq_len=length)
                 common, _ = read_left_to_right(model, held,
                                                segment=_segment(kind, plan.config, length))
-                quality.append({"arm": name, "kind": kind.name, "length": length, "seed": seed,
+                quality.append({"arm": name, "kind": kind.name, "length": length,
+                                "budget": budget, "seed": seed,
                                 "params": plan.params, "steps": plan.steps,
                                 "train_flops": plan.train_flops, "own_protocol": own.protocol,
                                 "own_bpc": own.bpc, "common_bpc": common,
                                 "train_seconds": seconds, "settings": settings})
                 write_csv(quality, quality_csv)
                 count += 1
-                print(f"bench_all [{count}/{total}] {name}, length {length}, seed {seed}: "
+                print(f"bench_all [{count}/{total}] {name}, length {length}, budget "
+                      f"{budget:g}, seed {seed}: "
                       f"{plan.steps} steps in {seconds:.1f} s, {own.protocol} {own.bpc:.3f} bpc, "
                       f"left to right {common:.3f} bpc", flush=True)
             for seed in seed_list:
                 test = reach_records(reach_eval, distance_list, seed=10_000 + seed)
                 for name, (kind, _) in arms.items():
-                    if (name, reach_length, seed) in done_r:
+                    if (name, reach_length, reach_budget, seed) in done_r:
                         continue
-                    plan = plans[name, reach_length]
+                    plan = plans[name, reach_length, reach_budget]
                     far = unreachable(kind, plan.config, distance_list)
                     segment = _segment(kind, plan.config, reach_length)
                     model, seconds = _train(kind, plan, train_reach.data, seed=seed, lr=lr,
@@ -268,7 +286,8 @@ def bench_all(budget: float = 2e12, params: int = 200_000, seeds: str = "0,1,2",
                     most = kind.reach(plan.config)[0] if kind.reach else None
                     for row in score_reach(logp, targets, test.distance, bands):
                         reach_rows.append({"arm": name, "kind": kind.name, "length": reach_length,
-                                           "seed": seed, **row, "reach": most,
+                                           "budget": reach_budget, "seed": seed, **row,
+                                           "reach": most,
                                            "reachable": _reachable(row["low"], most, segment,
                                                                    far),
                                            "settings": settings})
