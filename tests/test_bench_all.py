@@ -80,6 +80,15 @@ def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reac
     marks = {x["arm"]: x["reachable"] for x in reach if x["band"] == "64"}
     assert marks["xl"] == "yes"  # 4 layers of memory reach 64 bytes back; a window of 32 not
     assert marks["char"] == "a prediction reads at most 32 bytes back (a window of 32 bytes)"
+    table = _read(out / "decisions.csv")  # written from the CSVs at the end of the run
+    assert [r["need"] for r in table][:3] == ["best bpc at fixed compute",
+                                              "long context on a small budget", "infilling"]
+    assert table[0]["choice"].startswith("no winner at this scale (one seed, no spread")
+    assert "| need | measured on | use |" in (out / "decisions.md").read_text()
+    [run] = _read(out / "runs.csv")  # what ran, how long, on what
+    assert int(run["points_run"]) == 2 * len(arms) and run["torch"] == torch.__version__
+    assert float(run["seconds"]) > 0 and run["threads"] == "1"
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow
@@ -117,6 +126,7 @@ def test_a_stopped_bench_goes_on_from_the_points_it_wrote(tmp_path):
     r = _bench(part, *models)
     assert [line.split("]")[0] for line in r.stdout.splitlines()
             if line.startswith("bench_all [")] == [f"bench_all [{i}/8" for i in range(4, 9)]
+    assert [int(x["points_run"]) for x in _read(part / "runs.csv")] == [5]
     for name in ("quality.csv", "reach.csv"):
         drop = {"train_seconds"}  # the only column that is not a function of the settings
         a = [{k: v for k, v in row.items() if k not in drop} for row in _read(whole / name)]
@@ -204,3 +214,48 @@ def test_reach_under_the_common_protocol_is_yes_partly_or_no():
     assert _reachable(256, 256, 64, far).startswith("partly")
     assert _reachable(300, 256, 64, far) == far[300]
     assert _reachable(300, None, 64, {}) == "not stated by its kind"
+
+
+def _q(arm, seed, bpc, budget=1e9, protocol="all-positions"):
+    return {"arm": arm, "length": "32", "budget": str(budget), "seed": str(seed),
+            "own_protocol": protocol, "own_bpc": str(bpc), "common_bpc": str(bpc)}
+
+
+def _r(arm, seed, accuracy, low=16, reachable="yes"):
+    return {"arm": arm, "length": "32", "budget": "1e9", "seed": str(seed), "band": str(low),
+            "low": str(low), "cases": "60", "accuracy": str(accuracy), "reachable": reachable}
+
+
+def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
+    from minixl.experiments.bench_all import NEEDS, decisions, decisions_markdown
+
+    quality = [_q("a", 0, 2.00), _q("a", 1, 2.02), _q("b", 0, 2.10), _q("b", 1, 2.14),
+               _q("x", 0, 3.0, protocol="infill"), _q("x", 1, 3.1, protocol="infill"),
+               # at the small budget the two ranges meet: 2.50-2.60 and 2.55-2.65
+               _q("a", 0, 2.50, 1e8), _q("a", 1, 2.60, 1e8), _q("b", 0, 2.55, 1e8),
+               _q("b", 1, 2.65, 1e8)]
+    reach = [_r("a", 0, 0.9), _r("a", 1, 0.8), _r("b", 0, 0.1), _r("b", 1, 0.2),
+             _r("a", 0, 0.5, 64, "a prediction reads at most 32 bytes back"),
+             _r("b", 0, 0.6, 64, "a prediction reads at most 32 bytes back")]
+    table = {r["need"]: r for r in decisions(quality, reach)}
+    assert list(table)[:3] == list(NEEDS[:3])
+    best = table["best bpc at fixed compute"]  # budget 1e9: a 2.01 against b 2.12
+    assert best["choice"] == "a" and best["margin"] == pytest.approx(0.11)
+    assert best["spread"] == pytest.approx(0.01 + 0.02) and best["runner_up"] == "b (2.120)"
+    assert "budget 1e+09 FLOPs, length 32, 2 seeds" in best["setting"]
+    small = table["long context on a small budget"]
+    assert small["choice"].startswith("no winner at this scale (best a")
+    assert table["infilling"]["choice"] == "only x measured"
+    assert table["exact recall at a distance: 16 bytes"]["choice"] == "a"  # 0.85 against 0.15
+    assert table["exact recall at a distance: 64 bytes"]["choice"] == "none can reach it"
+    at_chance = decisions(quality, [_r("a", 0, 0.03), _r("a", 1, 0.05), _r("b", 0, 0.0),
+                                    _r("b", 1, 0.0)])
+    recall = next(r for r in at_chance if r["need"].startswith("exact recall"))
+    assert recall["choice"] == ("none learned it (the best, a, is no better than chance, "
+                                "0.038)")  # 0.04 +- 0.01 does not clear 1/26 = 0.0385
+    assert table["streaming generation"]["choice"] == "not measured"
+    one_seed = decisions([_q("a", 0, 2.0), _q("b", 0, 2.5)], [])
+    assert one_seed[0]["choice"] == "no winner at this scale (one seed, no spread; best a)"
+    text = decisions_markdown(decisions(quality, reach))
+    assert text.splitlines()[0].startswith("| need | measured on | use | why |")
+    assert "| a | held-out 2.010 bpc | b (2.120) | 0.110 | 0.030 |" in text

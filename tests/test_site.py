@@ -102,3 +102,29 @@ def test_a_broken_link_or_a_missing_figure_fails_the_build(tmp_path):
     assert "09_missing" in out and "no_such_figure.png" in out
     assert "each is an error here" in out
     assert not (tmp_path / "html").exists()  # no half-built site is left to be mistaken
+
+
+def test_the_readme_shows_the_bench_and_links_its_decision_table():
+    """The README's first screen shows the bench's figure and links its decision table; the
+    table is the one bench_all writes from the stored CSVs (text, byte for byte), and the
+    figure is a PNG of the size plot_bench draws."""
+    import csv
+
+    from minixl.experiments.bench_all import decisions, decisions_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    first_screen = readme[:readme.index("## What is in it")]
+    assert "](book/bench/bench.png)" in first_screen
+    assert "(book/bench/decisions.md)" in first_screen
+    bench = ROOT / "book" / "bench"
+
+    def read(name):
+        with open(bench / name, newline="") as f:
+            return list(csv.DictReader(f))
+
+    table = decisions_markdown(decisions(read("quality.csv"), read("reach.csv"))) + "\n"
+    assert (bench / "decisions.md").read_text() == table
+    png = (bench / "bench.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (720, 259)  # 10 x 3.6 inches at 72 dpi

@@ -24,15 +24,20 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
 
+from ..reach import LETTERS
 from . import int_list, torch_threads, write_csv
 
 __all__ = ["read_left_to_right", "contestants", "bench_all", "QUALITY_COLUMNS",
-           "REACH_COLUMNS"]
+           "REACH_COLUMNS", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
+           "plot_bench"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
@@ -182,6 +187,23 @@ def _float_list(text: str, name: str) -> list[float]:
     return values
 
 
+def _log_run(folder: Path, points: int, seconds: float, *, threads: int, device: str) -> None:
+    """One row per invocation in runs.csv: when, how long, how many points it ran, on what
+    (the machine, the threads, torch)."""
+    import torch as _torch
+
+    path = folder / "runs.csv"
+    rows = []
+    if path.exists():
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    rows.append({"ended": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(seconds, 1),
+                 "points_run": points, "device": device, "threads": threads,
+                 "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+                 "torch": _torch.__version__})
+    write_csv(rows, path)
+
+
 def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str = "0,1,2",
               models: str | None = None, lengths: str = "128,512",
               distances: str = "16,64,256,1024,4096", batch_size: int = 8,
@@ -205,6 +227,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                          f"--reach-eval >= 1; got {params}, {batch_size}, {eval_bytes} and "
                          f"{reach_eval}")
     arms = contestants(models)
+    began, ran = time.perf_counter(), 0
     quality_csv = Path(csv)
     folder = quality_csv.parent
     settings = _settings(params=params, batch_size=batch_size,
@@ -265,7 +288,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                 "own_bpc": own.bpc, "common_bpc": common,
                                 "train_seconds": seconds, "settings": settings})
                 write_csv(quality, quality_csv)
-                count += 1
+                count, ran = count + 1, ran + 1
                 print(f"bench_all [{count}/{total}] {name}, length {length}, budget "
                       f"{budget:g}, seed {seed}: "
                       f"{plan.steps} steps in {seconds:.1f} s, {own.protocol} {own.bpc:.3f} bpc, "
@@ -292,7 +315,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                                                    far),
                                            "settings": settings})
                     write_csv(reach_rows, folder / "reach.csv")
-                    count += 1
+                    count, ran = count + 1, ran + 1
                     print(f"bench_all [{count}/{total}] reach, {name}, seed {seed}: "
                           f"{plan.steps} steps in {seconds:.1f} s"
                           + (f"; cannot reach {', '.join(map(str, sorted(far)))}" if far else ""),
@@ -301,4 +324,176 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
             print(f"bench_all: stopped; {count} of {total} points are written in {folder}: the "
                   "same command goes on from there", file=sys.stderr)
             raise SystemExit(130) from None
+        _log_run(folder, ran, time.perf_counter() - began, threads=threads, device=device)
+        stored = _done(quality_csv, settings), _done(folder / "reach.csv", settings)
+        write_decisions(folder, *stored)
+        plot_bench(folder, *stored)
     return quality
+
+
+# ---------------------------------------------------------------- the decision table
+
+NEEDS = ("best bpc at fixed compute", "long context on a small budget", "infilling",
+         "exact recall at a distance", "streaming generation", "training memory at 16k")
+
+
+def _by_arm(rows: list[dict], key: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get(key) not in (None, ""):
+            out.setdefault(r["arm"], []).append(float(r[key]))
+    return out
+
+
+def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
+          chance: float | None = None) -> dict:
+    """The arm whose mean over seeds is best, the runner-up, the margin between them and the
+    spread of the two (half the range of each one's seeds, added): no winner where the two
+    ranges meet, or where there are fewer than two seeds or two contestants; and none at all
+    where the best is no better than `chance` (a uniform guess)."""
+    means = {a: sum(v) / len(v) for a, v in values.items()}
+    order = sorted(means, key=lambda a: means[a] if lower else -means[a])
+    half = {a: (max(v) - min(v)) / 2 for a, v in values.items()}
+    seeds = min(len(v) for v in values.values())
+    best = order[0]
+    row = {"choice": best, "reason": f"{what} {means[best]:.3f} {unit}".strip(),
+           "runner_up": "", "margin": None, "spread": None}
+    if chance is not None and not (means[best] - half[best] > chance if not lower
+                                   else means[best] + half[best] < chance):
+        row["choice"] = f"none learned it (the best, {best}, is no better than chance, " \
+                        f"{chance:.3f})"
+        return row
+    if len(order) < 2:
+        row["choice"] = f"only {best} measured"
+        return row
+    second = order[1]
+    margin, spread = abs(means[second] - means[best]), half[best] + half[second]
+    row.update(runner_up=f"{second} ({means[second]:.3f})", margin=round(margin, 4),
+               spread=round(spread, 4))
+    if seeds < 2:
+        row["choice"] = f"no winner at this scale (one seed, no spread; best {best})"
+    elif margin <= spread:
+        row["choice"] = f"no winner at this scale (best {best}, within the seeds' spread)"
+    return row
+
+
+def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
+    """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
+    the measured reason, the runner-up, the margin and the two's seed spread; 'no winner at
+    this scale' where the spread covers the margin; 'not measured' where this run has
+    nothing to say."""
+    table = []
+
+    def add(need, setting, picked):
+        table.append({"need": need, "setting": setting, **picked})
+
+    def unmeasured(need, why):
+        add(need, "", {"choice": "not measured", "reason": why, "runner_up": "",
+                       "margin": None, "spread": None})
+
+    budgets = sorted({float(r["budget"]) for r in quality})
+    length = max((int(r["length"]) for r in quality), default=None)
+    for need, budget in ((NEEDS[0], budgets[-1] if budgets else None),
+                         (NEEDS[1], budgets[0] if budgets else None)):
+        rows = [r for r in quality if float(r["budget"]) == budget and int(r["length"]) == length]
+        if not rows:
+            unmeasured(need, "no quality rows")
+            continue
+        add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
+            "seeds, read left to right", _pick(_by_arm(rows, "common_bpc"), lower=True,
+                                                 what="held-out", unit="bpc"))
+    infill = [r for r in quality if r["own_protocol"] == "infill" and budgets
+              and float(r["budget"]) == budgets[-1] and int(r["length"]) == length]
+    if infill:
+        add(NEEDS[2], f"budget {budgets[-1]:g} FLOPs, length {length}, its own protocol",
+            _pick(_by_arm(infill, "own_bpc"), lower=True, what="infill", unit="bpc"))
+    else:
+        unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
+    for low in sorted({int(r["low"]) for r in reach}):
+        rows = [r for r in reach if int(r["low"]) == low and int(r["cases"] or 0) > 0
+                and (r["reachable"] == "yes" or r["reachable"].startswith("partly"))]
+        band = next((r["band"] for r in reach if int(r["low"]) == low), str(low))
+        if not rows:
+            add(f"{NEEDS[3]}: {band} bytes", "", {
+                "choice": "none can reach it", "reason": "every contestant's config puts it "
+                "out of reach", "runner_up": "", "margin": None, "spread": None})
+            continue
+        add(f"{NEEDS[3]}: {band} bytes", f"reach task, budget {float(rows[0]['budget']):g}, "
+            f"length {rows[0]['length']}", _pick(_by_arm(rows, "accuracy"), lower=False,
+                                                  what="accuracy", unit="",
+                                                  chance=1 / LETTERS))
+    unmeasured(NEEDS[4], "generation speed is not part of this run")
+    unmeasured(NEEDS[5], "the cost-against-length sweep is not part of this run")
+    return table
+
+
+def decisions_markdown(table: list[dict]) -> str:
+    """The table as markdown, margins and spreads beside each choice."""
+    lines = ["| need | measured on | use | why | runner-up | margin | seed spread |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table:
+        cells = [r["need"], r["setting"], r["choice"], r["reason"], r["runner_up"],
+                 "" if r["margin"] is None else f"{r['margin']:.3f}",
+                 "" if r["spread"] is None else f"{r['spread']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
+    """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
+    CSVs); returns the markdown file's path."""
+    table = decisions(quality, reach)
+    write_csv(table, folder / "decisions.csv")
+    path = folder / "decisions.md"
+    path.write_text(decisions_markdown(table) + "\n")
+    return path
+
+
+def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
+    """bench.png in `folder`: held-out bpc read left to right against training FLOPs, a line
+    per contestant (mean of its seeds, bars: half their range), and the reach task's
+    accuracy by distance at the largest budget, out-of-reach bands left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(dict.fromkeys(r["arm"] for r in quality))
+    length = max(int(r["length"]) for r in quality)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=72)
+    for arm in arms:
+        by_budget: dict[float, list[float]] = {}
+        for r in quality:
+            if r["arm"] == arm and int(r["length"]) == length:
+                by_budget.setdefault(float(r["budget"]), []).append(float(r["common_bpc"]))
+        xs = sorted(by_budget)
+        means = [sum(by_budget[b]) / len(by_budget[b]) for b in xs]
+        half = [(max(by_budget[b]) - min(by_budget[b])) / 2 for b in xs]
+        left.errorbar(xs, means, yerr=half, marker="o", ms=3, capsize=2, label=arm)
+        bands = {}
+        for r in reach:
+            if r["arm"] == arm and (r["reachable"] == "yes"
+                                    or r["reachable"].startswith("partly")):
+                bands.setdefault(int(r["low"]), []).append(float(r["accuracy"]))
+        if bands:
+            ds = sorted(bands)
+            right.plot(ds, [sum(bands[d]) / len(bands[d]) for d in ds], marker="o", ms=3,
+                       label=arm)
+    left.set(xscale="log", xlabel="training FLOPs", ylabel="held-out bpc, read left to right",
+             title=f"quality against compute (windows of {length})")
+    right.set(xscale="log", xlabel="distance to the answer's source (bytes)",
+              ylabel="accuracy (mean of seeds)", ylim=(0, 1.02),
+              title="reach task (only distances within reach)")
+    distances = sorted({int(r["low"]) for r in reach})
+    if distances:
+        right.set_xticks(distances, [str(d) for d in distances])
+        right.minorticks_off()
+    right.axhline(1 / LETTERS, color="gray", lw=0.8, ls=":")
+    right.text(right.get_xlim()[0], 1 / LETTERS + 0.02, " chance: a guess among 26 letters",
+               fontsize=7, color="gray")
+    left.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = folder / "bench.png"
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
