@@ -221,8 +221,8 @@ def _q(arm, seed, bpc, budget=1e9, protocol="all-positions"):
             "own_protocol": protocol, "own_bpc": str(bpc), "common_bpc": str(bpc)}
 
 
-def _r(arm, seed, accuracy, low=16, reachable="yes"):
-    return {"arm": arm, "length": "32", "budget": "1e9", "seed": str(seed), "band": str(low),
+def _r(arm, seed, accuracy, low=16, reachable="yes", budget="1e9"):
+    return {"arm": arm, "length": "32", "budget": budget, "seed": str(seed), "band": str(low),
             "low": str(low), "cases": "60", "accuracy": str(accuracy), "reachable": reachable}
 
 
@@ -243,8 +243,11 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
     assert best["choice"] == "a" and best["margin"] == pytest.approx(0.11)
     assert best["spread"] == pytest.approx(0.01 + 0.02) and best["runner_up"] == "b (2.120)"
     assert "budget 1e+09 FLOPs, length 32, 2 seeds" in best["setting"]
-    small = table["long context on a small budget"]
-    assert small["choice"].startswith("no winner at this scale (best a")
+    small = table["long context on a small budget"]  # one length: nothing to say
+    assert small["choice"] == "not measured" and "one length only (32)" in small["reason"]
+    longer = [dict(r, length="64") for r in quality if r["budget"] == "100000000.0"]
+    small = decisions(quality + longer, reach)[1]  # at 1e8, length 64: the ranges meet
+    assert small["choice"].startswith("no winner at this scale (best a"), small
     assert table["infilling"]["choice"] == "only x measured"
     assert table["exact recall at a distance: 16 bytes"]["choice"] == "a"  # 0.85 against 0.15
     assert table["exact recall at a distance: 64 bytes"]["choice"] == "none can reach it"
@@ -252,7 +255,12 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
                                     _r("b", 1, 0.0)])
     recall = next(r for r in at_chance if r["need"].startswith("exact recall"))
     assert recall["choice"] == ("none learned it (the best, a, is no better than chance, "
-                                "0.038)")  # 0.04 +- 0.01 does not clear 1/26 = 0.0385
+                                "0.038)")  # a's worst seed, 0.03, does not clear 1/26
+    # a rerun at a larger budget keeps the old rows: only the largest budget's are read
+    rerun = reach + [_r("a", 0, 0.0, budget="2e9"), _r("a", 1, 0.0, budget="2e9"),
+                     _r("b", 0, 0.5, budget="2e9"), _r("b", 1, 0.6, budget="2e9")]
+    recall = next(r for r in decisions(quality, rerun) if r["need"].startswith("exact"))
+    assert recall["choice"] == "b" and recall["setting"].startswith("reach task, budget 2e+09")
     assert table["streaming generation"]["choice"] == "not measured"
     one_seed = decisions([_q("a", 0, 2.0), _q("b", 0, 2.5)], [])
     assert one_seed[0]["choice"] == "no winner at this scale (one seed, no spread; best a)"

@@ -71,8 +71,8 @@ TINY = {
     "bench_all": (["--budgets", "1e9", "--params", "20000", "--seeds", "0", "--models",
                    "char,segtree", "--lengths", "32", "--distances", "16,64", "--batch-size",
                    "4", "--eval-bytes", "1024", "--reach-eval", "10"],
-                  ["arm", "kind", "length", "seed", "params", "steps", "train_flops",
-                   "own_protocol", "own_bpc", "common_bpc"]),
+                  ["arm", "kind", "length", "budget", "seed", "params", "steps",
+                   "train_flops", "own_protocol", "own_bpc", "common_bpc"]),
 }
 
 

@@ -347,10 +347,11 @@ def _by_arm(rows: list[dict], key: str) -> dict[str, list[float]]:
 
 def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
           chance: float | None = None) -> dict:
-    """The arm whose mean over seeds is best, the runner-up, the margin between them and the
-    spread of the two (half the range of each one's seeds, added): no winner where the two
-    ranges meet, or where there are fewer than two seeds or two contestants; and none at all
-    where the best is no better than `chance` (a uniform guess)."""
+    """The arm whose mean over seeds is best, the runner-up, the margin between their means and
+    the spread of the two (half the range of each one's seeds, added): no winner where the
+    ranges of their seeds meet (the best's worst seed is not better than the runner-up's best
+    one), or where there are fewer than two seeds or two contestants; and none at all where
+    the best's worst seed is no better than `chance` (a uniform guess)."""
     means = {a: sum(v) / len(v) for a, v in values.items()}
     order = sorted(means, key=lambda a: means[a] if lower else -means[a])
     half = {a: (max(v) - min(v)) / 2 for a, v in values.items()}
@@ -358,8 +359,9 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
     best = order[0]
     row = {"choice": best, "reason": f"{what} {means[best]:.3f} {unit}".strip(),
            "runner_up": "", "margin": None, "spread": None}
-    if chance is not None and not (means[best] - half[best] > chance if not lower
-                                   else means[best] + half[best] < chance):
+    worst = {a: (max(v) if lower else min(v)) for a, v in values.items()}
+    top = {a: (min(v) if lower else max(v)) for a, v in values.items()}
+    if chance is not None and not (worst[best] < chance if lower else worst[best] > chance):
         row["choice"] = f"none learned it (the best, {best}, is no better than chance, " \
                         f"{chance:.3f})"
         return row
@@ -372,9 +374,19 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
                spread=round(spread, 4))
     if seeds < 2:
         row["choice"] = f"no winner at this scale (one seed, no spread; best {best})"
-    elif margin <= spread:
+    elif (worst[best] >= top[second]) if lower else (worst[best] <= top[second]):
         row["choice"] = f"no winner at this scale (best {best}, within the seeds' spread)"
     return row
+
+
+def _top_reach(reach: list[dict]) -> list[dict]:
+    """The reach rows at the largest budget, and at its longest length (a rerun that adds a
+    budget or a length trains the task again there and keeps the old rows)."""
+    if not reach:
+        return reach
+    budget = max(float(r["budget"]) for r in reach)
+    length = max(int(r["length"]) for r in reach if float(r["budget"]) == budget)
+    return [r for r in reach if float(r["budget"]) == budget and int(r["length"]) == length]
 
 
 def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
@@ -392,12 +404,17 @@ def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
                        "margin": None, "spread": None})
 
     budgets = sorted({float(r["budget"]) for r in quality})
-    length = max((int(r["length"]) for r in quality), default=None)
+    lengths = sorted({int(r["length"]) for r in quality})
+    length = lengths[-1] if lengths else None
     for need, budget in ((NEEDS[0], budgets[-1] if budgets else None),
                          (NEEDS[1], budgets[0] if budgets else None)):
         rows = [r for r in quality if float(r["budget"]) == budget and int(r["length"]) == length]
         if not rows:
             unmeasured(need, "no quality rows")
+            continue
+        if need == NEEDS[1] and len(lengths) < 2:
+            unmeasured(need, f"one length only ({length}): long context needs a longer one "
+                       "beside it")
             continue
         add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
             "seeds, read left to right", _pick(_by_arm(rows, "common_bpc"), lower=True,
@@ -409,6 +426,7 @@ def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
             _pick(_by_arm(infill, "own_bpc"), lower=True, what="infill", unit="bpc"))
     else:
         unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
+    reach = _top_reach(reach)
     for low in sorted({int(r["low"]) for r in reach}):
         rows = [r for r in reach if int(r["low"]) == low and int(r["cases"] or 0) > 0
                 and (r["reachable"] == "yes" or r["reachable"].startswith("partly"))]
@@ -460,6 +478,7 @@ def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
 
     arms = list(dict.fromkeys(r["arm"] for r in quality))
     length = max(int(r["length"]) for r in quality)
+    reach = _top_reach(reach)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=72)
     for arm in arms:
         by_budget: dict[float, list[float]] = {}
