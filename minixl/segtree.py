@@ -442,7 +442,10 @@ class _TreeAttention(torch.autograd.Function):
                 side.append((plan.blocks(qj, level) * kn[..., None, :]).sum(-1).flatten(2))
             cols.append(_shift(torch.stack(side, -1), by, n))
         scores = (torch.cat(cols, -1) + ql @ rel[plan.types].to(q.dtype).T) * scale
-        w = torch.softmax(scores.masked_fill(~plan.ok, float("-inf")), -1)  # (B, H, n, S)
+        # the weights in float32 at least, whatever q's dtype (bf16 under CUDA's autocast,
+        # whose softmax makes float32 anyway): the backward then knows their dtype
+        wide = torch.promote_types(q.dtype, torch.float32)
+        w = torch.softmax(scores.to(wide).masked_fill(~plan.ok, float("-inf")), -1)  # (B, H, n, S)
         drop = _dropout_mask(w, dropout)
         wd = w if drop is None else w * drop
         out = q.new_empty(B, H, N, D)
@@ -465,7 +468,7 @@ class _TreeAttention(torch.autograd.Function):
             kb, vb = (plan.blocks(t, level)[:, :, :G] for t in (kp, vp))
             # (products and sums, not matmul: a batch of G tiny matrices is slow on the CPU)
             sc = (qn * kb).sum(-1) * scale  # (B, H, G, 2^level)
-            wl = torch.softmax(sc.masked_fill(plan.padding(level, G), float("-inf")), -1)
+            wl = torch.softmax(sc.to(wide).masked_fill(plan.padding(level, G), float("-inf")), -1)
             dl = _dropout_mask(wl, dropout)
             plan.level(out, level)[:] = ((wl if dl is None else wl * dl)[..., None] * vb).sum(-2)
             ws.append(wl)
@@ -515,11 +518,11 @@ class _TreeAttention(torch.autograd.Function):
         if drop is not None:
             dw = dw * drop
         ds = w * (dw - (w * dw).sum(-1, keepdim=True)) * scale  # (B, H, n, S)
-        r = rel[plan.types].to(q.dtype)
+        r = rel[plan.types].to(ds.dtype)  # ds has w's dtype (float32 at least): so do its products
         dql = ds[..., :1] * kl + ds @ r
         drel = torch.zeros_like(rel).index_add_(
             0, torch.tensor(plan.types, device=rel.device),
-            torch.einsum("bhns,bhnd->sd", ds, ql).to(rel.dtype))
+            torch.einsum("bhns,bhnd->sd", ds, ql.to(ds.dtype)).to(rel.dtype))
         dk[:, :, :n] += ds[..., :1] * ql
         col = 1
         for by, _, _ in plan.sides:

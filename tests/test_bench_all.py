@@ -134,6 +134,41 @@ def test_a_stopped_bench_goes_on_from_the_points_it_wrote(tmp_path):
         assert a == b, name
 
 
+@pytest.mark.slow
+def test_runs_made_apart_and_merged_equal_one_run(tmp_path):
+    """One process per arm and seed (as on a GPU with room for many), merged by merge_runs:
+    the same plan, quality and reach rows as one process running them all (train_seconds
+    aside), the same decision table, a runs.csv row per process; the same folder given twice
+    and a folder of other settings are refused."""
+    from minixl.experiments.bench_all import merge_runs
+
+    whole = tmp_path / "whole"
+    _bench(whole, "--models", "char,xl", "--seeds", "0,1")
+    parts = []
+    for arm in ("xl", "char"):  # not in the bench's order: the merge puts them back in it
+        for seed in ("1", "0"):
+            parts.append(tmp_path / f"{arm}_{seed}")
+            _bench(parts[-1], "--models", arm, "--seeds", seed)
+    merged = tmp_path / "merged"
+    merge_runs(parts, merged)
+    drop = {"train_seconds"}
+    for name in ("plan.csv", "quality.csv", "reach.csv", "decisions.csv"):
+        a = [{k: v for k, v in row.items() if k not in drop} for row in _read(whole / name)]
+        b = [{k: v for k, v in row.items() if k not in drop} for row in _read(merged / name)]
+        assert a == b, name
+    assert (whole / "decisions.md").read_text() == (merged / "decisions.md").read_text()
+    assert sorted(r["folder"] for r in _read(merged / "runs.csv")) == sorted(map(str, parts))
+    assert (merged / "bench.png").exists()
+    with pytest.raises(ValueError, match=r"is in two folders .*its own arms or seeds"):
+        merge_runs([parts[0], parts[0]], tmp_path / "twice")
+    other = tmp_path / "other"
+    _bench(other, "--models", "shaw", "--seeds", "0", "--lr", "0.001")
+    with pytest.raises(ValueError, match="run with different settings"):
+        merge_runs([parts[0], other], tmp_path / "mixed")
+    with pytest.raises(ValueError, match="holds no quality.csv rows"):
+        merge_runs([parts[0], tmp_path / "nothing"], tmp_path / "empty")
+
+
 def test_a_folder_of_another_run_is_refused(tmp_path):
     out = tmp_path / "bench"
     out.mkdir()

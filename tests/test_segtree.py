@@ -311,6 +311,35 @@ def test_fast_tree_attention_float32_and_batch_rows_are_independent():
     torch.testing.assert_close(alone, fast[1:], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-float32-softmax", pytest.param(
+    "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_fast_tree_attention_trains_in_bf16(device, monkeypatch):
+    """bf16 q, k, v, as a model trained with --device cuda has them: the backward runs (it
+    once multiplied a float32 gradient by a bf16 table and crashed), the output is bf16 and
+    it and the gradients are near float32's. On CUDA inside the bf16 autocast that training
+    uses; on the CPU plain, and with softmax returning float32 as CUDA's autocast makes it
+    (the case that crashed, seen here without a GPU)."""
+    if device == "cpu-float32-softmax":
+        softmax = torch.softmax
+        monkeypatch.setattr(torch, "softmax", lambda x, dim: softmax(x.float(), dim))
+        device = "cpu"
+    n = 45
+    graph = segtree_graph(n, causal=True)
+    qkv, rel = random_inputs(graph, dtype=torch.float32)
+    qkv, rel = qkv.detach().to(device), rel.detach().to(device).requires_grad_()
+    half = qkv.to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
+        out = tree_attention(half, rel, n, causal=True)
+    assert out.dtype == torch.bfloat16
+    dq, drel = grads(out.float().cpu(), [half, rel])
+    assert dq.dtype == torch.bfloat16 and drel.dtype == torch.float32
+    full = qkv.clone().requires_grad_()
+    ref = tree_attention(full, rel, n, causal=True)
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+    for a, b in zip((dq, drel), grads(ref.cpu(), [full, rel])):
+        assert (a.float() - b).norm() <= 0.03 * b.norm()
+
+
 def test_r_anc_has_no_effect():
     """Every leaf an internal node reads has the same type r_anc^j: the softmax cancels it."""
     graph = segtree_graph(16, causal=True)

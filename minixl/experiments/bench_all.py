@@ -37,7 +37,7 @@ from . import int_list, torch_threads, write_csv
 
 __all__ = ["read_left_to_right", "contestants", "bench_all", "QUALITY_COLUMNS",
            "REACH_COLUMNS", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
-           "plot_bench"]
+           "plot_bench", "merge_runs"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
@@ -329,6 +329,68 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         write_decisions(folder, *stored)
         plot_bench(folder, *stored)
     return quality
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
+    """Join bench runs made apart into one folder `out`: on a GPU with room for many, one
+    process per arm and seed (each `bench_all --models ARM --seeds S --csv FOLDER/quality.csv`
+    with the same other options) finishes in the time of the slowest. Their plan, quality and
+    reach rows are written to `out` in the order one process would have written them, runs.csv
+    keeps every process's row (with its folder), and the decision table and figure are written
+    from the joined rows as `bench_all` writes them. Refuses folders made with other settings,
+    and a plan or point found twice. Returns the quality and reach rows."""
+    folders = [Path(f) for f in folders]
+    out = Path(out)
+    plan, quality, reach, runs = {}, {}, {}, []
+    for folder in folders:
+        rows = _read_rows(folder / "quality.csv")
+        if not rows:
+            raise ValueError(f"{folder} holds no quality.csv rows: not a bench_all folder, or a "
+                             "run that wrote no point")
+        for r in _read_rows(folder / "plan.csv"):
+            key = (r["arm"], int(r["length"]), float(r["budget"]))
+            if key in plan and plan[key] != r:
+                raise ValueError(f"two different plans of {key[0]} at length {key[1]} and "
+                                 f"budget {key[2]:g}: one in {folder}")
+            plan[key] = r
+        for name, table, found in (("quality", quality, rows),
+                                   ("reach", reach, _read_rows(folder / "reach.csv"))):
+            for r in found:
+                key = (r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]),
+                       r.get("band"))
+                if key in table:
+                    raise ValueError(f"the {name} point {key[:4]} is in two folders (one is "
+                                     f"{folder}): give each process its own arms or seeds")
+                table[key] = r
+        runs += [dict(r, folder=str(folder)) for r in _read_rows(folder / "runs.csv")]
+    settings = {r["settings"] for r in [*quality.values(), *reach.values(), *plan.values()]}
+    if len(settings) != 1:
+        raise ValueError(f"the folders were run with different settings: {sorted(settings)}")
+    known = list(contestants())  # the bench's own order; arms it does not know after them
+    order = known + sorted({r["arm"] for r in plan.values()} - set(known))
+    plan_rows = sorted(plan.values(), key=lambda r: (
+        int(r["length"]), float(r["budget"]), order.index(r["arm"])))
+    quality_rows = sorted(quality.values(), key=lambda r: (
+        int(r["seed"]), int(r["length"]), float(r["budget"]), order.index(r["arm"])))
+    reach_rows = sorted(reach.values(), key=lambda r: (
+        int(r["seed"]), order.index(r["arm"]), int(r["low"])))
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(plan_rows, out / "plan.csv")
+    write_csv(quality_rows, out / "quality.csv")
+    if reach_rows:
+        write_csv(reach_rows, out / "reach.csv")
+    if runs:
+        write_csv(runs, out / "runs.csv")
+    write_decisions(out, quality_rows, reach_rows)
+    plot_bench(out, quality_rows, reach_rows)
+    return quality_rows, reach_rows
 
 
 # ---------------------------------------------------------------- the decision table
