@@ -169,6 +169,32 @@ def test_runs_made_apart_and_merged_equal_one_run(tmp_path):
         merge_runs([parts[0], tmp_path / "nothing"], tmp_path / "empty")
 
 
+@pytest.mark.slow
+def test_the_reach_task_alone(tmp_path):
+    """--reach-only trains and scores the reach task only: reach.csv (named by --csv) with a
+    row per contestant, seed and band, no held-out text read, the table and figure beside; a
+    --csv not called reach.csv is refused before anything runs."""
+    out = tmp_path / "control"
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", *TINY,
+                        "--models", "char,xl", "--seeds", "0", "--reach-only",
+                        "--csv", str(out / "reach.csv")],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = _read(out / "reach.csv")
+    assert [(x["arm"], x["band"]) for x in rows] == [(a, b) for a in ("char", "xl")
+                                                     for b in ("16-63", "64")]
+    assert r.stdout.splitlines()[-1] == f"4 rows written to {out / 'reach.csv'}"
+    assert not (out / "quality.csv").exists()
+    assert (out / "decisions.md").exists() and (out / "bench.png").exists()
+    assert "| best bpc at fixed compute |  | not measured | no quality rows |" in \
+        (out / "decisions.md").read_text()
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", *TINY,
+                        "--reach-only", "--csv", str(tmp_path / "quality.csv")],
+                       capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert r.returncode == 2 and "with --reach-only, --csv names the reach task's CSV" in \
+        r.stderr, r.stderr
+
+
 def test_a_folder_of_another_run_is_refused(tmp_path):
     out = tmp_path / "bench"
     out.mkdir()

@@ -73,6 +73,10 @@ TINY = {
                    "4", "--eval-bytes", "1024", "--reach-eval", "10"],
                   ["arm", "kind", "length", "budget", "seed", "params", "steps",
                    "train_flops", "own_protocol", "own_bpc", "common_bpc"]),
+    "bench_cost": (["--lengths", "32", "--shape-length", "32", "--params", "20000",
+                    "--models", "char", "--rounds", "1", "--gen-bytes", "1"],
+                   ["arm", "kind", "length", "shape", "params", "segment", "fits",
+                    "train_peak_mb", "train_ms_per_byte"]),
 }
 
 

@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m minixl.experiment
     except (ValueError, OSError) as err:
         print(f"{say or prog}: error: {err}", file=sys.stderr)
         return 2
-    print(markdown_table(rows, None if args.all_columns else list(entry.columns) or None))
+    shown = [c for c in entry.columns if c in rows[0]]  # (a run may return other rows)
+    print(markdown_table(rows, None if args.all_columns else shown or None))
     if entry.report:
         print(_load(entry.report)(rows))
     print(f"{len(rows)} rows written to {path}")
@@ -403,6 +404,31 @@ register(Experiment(
      Option("eval_bytes", int, 32768, "held-out bytes read by both protocols"),
      Option("reach_eval", int, 200, "held-out reach records per seed"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
-     _CUDA_DEVICE, _THREADS),
+     _CUDA_DEVICE, _THREADS,
+     Option("reach_only", bool, False, "the reach task alone, no held-out text (a control "
+            "of it at other distances, say); --csv then names a reach.csv in a folder of its "
+            "own")),
     ("arm", "length", "seed", "params", "steps", "own_protocol", "own_bpc", "common_bpc",
      "train_seconds"), beside=True))
+
+register(Experiment(
+    "bench_cost", "minixl.experiments.bench_cost:bench_cost", "book/bench/cost.csv",
+    "The bench's cost against length: every contestant at one parameter count, time and "
+    "peak memory per byte of a training step (memory in a fresh process, under a cap), of "
+    "reading and of generating byte by byte; what does not fit is written as such",
+    (Option("params", int, 200_000, "the parameter count every contestant is sized to"),
+     Option("lengths", str, "256,1024,4096,16384", "comma-separated window (or segment) "
+            "lengths"),
+     Option("shape_length", int, 256, "the length each contestant is sized at: its width "
+            "and depth then stay at every length"),
+     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
+            "(default: every registered kind's arms)"),
+     Option("rounds", int, 2, "interleaved rounds of the times (the fastest is kept, and "
+            "the slowest beside it)"),
+     Option("gen_bytes", int, 4, "bytes generated one at a time, timed"),
+     Option("memory_limit_gb", float, 8.0, "the cap on what one training step may add "
+            "(GiB)"),
+     _THREADS),
+    ("arm", "length", "shape", "params", "segment", "fits", "train_peak_mb", "train_ms_per_byte",
+     "read_ms_per_byte", "generate_ms_per_byte", "note"),
+    report="minixl.experiments.bench_cost:report", beside=True))

@@ -209,10 +209,12 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
               distances: str = "16,64,256,1024,4096", batch_size: int = 8,
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
               csv: str = "book/bench/quality.csv", device: str = "cpu",
-              threads: int = 1) -> list[dict]:
+              threads: int = 1, reach_only: bool = False) -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
-    length and the largest budget."""
+    length and the largest budget. reach_only: the reach task alone (a control of it, say,
+    at other distances: its own folder, since the distances are part of the settings), `csv`
+    then names its reach.csv, and its rows are returned."""
     from ..data import load_corpus
     from ..evaluation import evaluate
     from ..planner import plan_bench
@@ -228,7 +230,10 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                          f"{reach_eval}")
     arms = contestants(models)
     began, ran = time.perf_counter(), 0
-    quality_csv = Path(csv)
+    if reach_only and Path(csv).name != "reach.csv":
+        raise ValueError(f"with --reach-only, --csv names the reach task's CSV, a file called "
+                         f"reach.csv (in a folder of its own); got {csv}")
+    quality_csv = Path(csv).with_name("quality.csv") if reach_only else Path(csv)
     folder = quality_csv.parent
     settings = _settings(params=params, batch_size=batch_size,
                          eval_bytes=eval_bytes, reach_eval=reach_eval, lr=lr,
@@ -266,8 +271,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         train_reach = reach_records(max(64, 40_000 // max(distance_list)) * len(distance_list),
                                     distance_list, seed=0)
         bands = distance_bands(distance_list)
-        points = [(a, n, b, s) for s in seed_list for n in length_list for b in budget_list
-                  for a in arms]
+        points = [] if reach_only else [(a, n, b, s) for s in seed_list for n in length_list
+                                        for b in budget_list for a in arms]
         total = len(points) + len(seed_list) * len(arms)
         count = (sum(p in done_q for p in points)
                  + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
@@ -328,7 +333,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         stored = _done(quality_csv, settings), _done(folder / "reach.csv", settings)
         write_decisions(folder, *stored)
         plot_bench(folder, *stored)
-    return quality
+    return stored[1] if reach_only else quality
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -451,11 +456,75 @@ def _top_reach(reach: list[dict]) -> list[dict]:
     return [r for r in reach if float(r["budget"]) == budget and int(r["length"]) == length]
 
 
-def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
+MEMORY_LENGTH = 16384  # the length of the need "training memory at 16k"
+MEMORY_MARGIN = 0.10  # a memory winner needs the runner-up to take 10 % more
+
+
+def _fits(cost: list[dict]) -> list[dict]:
+    return [r for r in cost if str(r["fits"]) == "True"]
+
+
+def _memory_need(cost: list[dict]) -> dict:
+    """The training-memory row from bench_cost's rows at the longest length measured (at
+    least MEMORY_LENGTH): the arm whose training step adds the least memory. One fresh process
+    per point and no seeds: a winner only where the runner-up takes MEMORY_MARGIN more."""
+    length = max(int(r["length"]) for r in cost)
+    at = [r for r in cost if int(r["length"]) == length]
+    fit = sorted((r for r in _fits(at) if r.get("train_peak_mb") not in (None, "")),
+                 key=lambda r: float(r["train_peak_mb"]))
+    out = ", ".join(r["arm"] for r in at if str(r["fits"]) != "True")
+    setting = f"one training step, one row of {length} bytes, a fresh process each"
+    if not fit:
+        return {"setting": setting, "choice": "none fits", "reason": f"none fits ({out})",
+                "runner_up": "", "margin": None, "spread": None}
+    best = fit[0]
+    row = {"setting": setting, "choice": best["arm"],
+           "reason": f"adds {float(best['train_peak_mb']):.0f} MB"
+                     + (f"; does not fit: {out}" if out else ""),
+           "runner_up": "", "margin": None, "spread": None}
+    if len(fit) < 2:
+        row["choice"] = f"only {best['arm']} fits"
+        return row
+    second = fit[1]
+    a, b = float(best["train_peak_mb"]), float(second["train_peak_mb"])
+    row.update(runner_up=f"{second['arm']} ({b:.0f} MB)", margin=round(b - a, 1))
+    if b < a * (1 + MEMORY_MARGIN):
+        row["choice"] = (f"no winner at this scale (best {best['arm']}, within "
+                         f"{MEMORY_MARGIN:.0%} of the runner-up)")
+    return row
+
+
+def _generation_need(cost: list[dict]) -> dict | None:
+    """The streaming-generation row: the fastest arm per generated byte (one byte a call,
+    after a window's worth of bytes) at the longest of the lengths where the most arms were
+    measured (a model whose training step does not fit at a length is not timed there, and
+    must not drop out of the comparison by that); its rounds play the part of seeds (a
+    winner only where its slowest round beats the runner-up's fastest)."""
+    fit = [r for r in _fits(cost) if r.get("generate_ms_per_byte") not in (None, "")]
+    count = {n: sum(int(r["length"]) == n for r in fit) for n in {int(r["length"]) for r in fit}}
+    if not count or max(count.values()) < 2:
+        return None
+    length = max(n for n in count if count[n] == max(count.values()))
+    at = [r for r in fit if int(r["length"]) == length]
+    one = int(at[0]["rounds"]) < 2
+    values = {r["arm"]: [float(r["generate_ms_per_byte"])] if one else
+              [float(r["generate_ms_per_byte"]), float(r["generate_ms_slowest"])] for r in at}
+    picked = _pick(values, lower=True, what="per generated byte (fastest round):", unit="ms")
+    picked["choice"] = picked["choice"].replace("one seed", "one round")
+    best = picked["choice"] if picked["choice"] in values else None
+    if best is not None:
+        picked["reason"] = f"{values[best][0]:.3f} ms per generated byte (fastest round)"
+    return {"setting": f"after {length} bytes, one byte a call, "
+                       f"{at[0]['rounds']} rounds", **picked}
+
+
+def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None
+              ) -> list[dict]:
     """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
-    the measured reason, the runner-up, the margin and the two's seed spread; 'no winner at
-    this scale' where the spread covers the margin; 'not measured' where this run has
-    nothing to say."""
+    the measured reason, the runner-up, the margin and the two's spread (of seeds; of rounds
+    for a time, see `_generation_need`); 'no winner at this scale' where the spread covers
+    the margin; 'not measured' where this run has nothing to say. The rows of bench_cost
+    (`cost`), when given, answer streaming generation and training memory at 16k."""
     table = []
 
     def add(need, setting, picked):
@@ -502,14 +571,22 @@ def decisions(quality: list[dict], reach: list[dict]) -> list[dict]:
             f"length {rows[0]['length']}", _pick(_by_arm(rows, "accuracy"), lower=False,
                                                   what="accuracy", unit="",
                                                   chance=1 / LETTERS))
-    unmeasured(NEEDS[4], "generation speed is not part of this run")
-    unmeasured(NEEDS[5], "the cost-against-length sweep is not part of this run")
+    generation = _generation_need(cost) if cost else None
+    if generation is None:
+        unmeasured(NEEDS[4], "generation speed is not part of this run")
+    else:
+        table.append({"need": NEEDS[4], **generation})
+    if not cost or max(int(r["length"]) for r in cost) < MEMORY_LENGTH:
+        unmeasured(NEEDS[5], f"the cost-against-length sweep (bench_cost) did not reach "
+                   f"{MEMORY_LENGTH} bytes")
+    else:
+        table.append({"need": NEEDS[5], **_memory_need(cost)})
     return table
 
 
 def decisions_markdown(table: list[dict]) -> str:
     """The table as markdown, margins and spreads beside each choice."""
-    lines = ["| need | measured on | use | why | runner-up | margin | seed spread |",
+    lines = ["| need | measured on | use | why | runner-up | margin | spread |",
              "|---|---|---|---|---|---|---|"]
     for r in table:
         cells = [r["need"], r["setting"], r["choice"], r["reason"], r["runner_up"],
@@ -521,8 +598,9 @@ def decisions_markdown(table: list[dict]) -> str:
 
 def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
-    CSVs); returns the markdown file's path."""
-    table = decisions(quality, reach)
+    CSVs) and bench_cost's cost.csv beside them if there is one; returns the markdown file's
+    path."""
+    table = decisions(quality, reach, _read_rows(Path(folder) / "cost.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")
@@ -538,8 +616,8 @@ def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    arms = list(dict.fromkeys(r["arm"] for r in quality))
-    length = max(int(r["length"]) for r in quality)
+    arms = list(dict.fromkeys(r["arm"] for r in [*quality, *reach]))
+    length = max((int(r["length"]) for r in quality), default=None)
     reach = _top_reach(reach)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=72)
     for arm in arms:
@@ -561,7 +639,8 @@ def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
             right.plot(ds, [sum(bands[d]) / len(bands[d]) for d in ds], marker="o", ms=3,
                        label=arm)
     left.set(xscale="log", xlabel="training FLOPs", ylabel="held-out bpc, read left to right",
-             title=f"quality against compute (windows of {length})")
+             title=f"quality against compute (windows of {length})" if length else
+             "quality against compute (not in this run)")
     right.set(xscale="log", xlabel="distance to the answer's source (bytes)",
               ylabel="accuracy (mean of seeds)", ylim=(0, 1.02),
               title="reach task (only distances within reach)")

@@ -1,0 +1,110 @@
+"""The bench's cost against length (`python -m minixl.experiments bench_cost`), as a user runs
+it: every point's row, the memory of a training step growing as its model's attention says
+it should, a point over the memory cap written as not fitting (the run goes on), and the
+decision table's generation and memory rows from these rows."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minixl.experiments.bench_cost import COST_COLUMNS
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _cost(out: Path, *args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_cost", *args,
+                        "--csv", str(out)], capture_output=True, text=True, cwd=ROOT,
+                       env=ENV, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+@pytest.mark.slow
+def test_cost_rows_and_memory_that_grows_with_the_attention(tmp_path):
+    """Shaw's training step keeps an n x n x d table of relative vectors per layer, the
+    SegTree model's edges grow like n log n: at four times the length Shaw's step adds more
+    than four times the memory, and at 1,024 bytes the SegTree step adds less than a third of
+    Shaw's. Every point fits, has its segment (a quarter of a window; an XL segment is the
+    length) and times whose slowest round is no faster than the fastest."""
+    out = tmp_path / "cost.csv"
+    _cost(out, "--lengths", "256,1024", "--models", "shaw,xl,segtree", "--rounds", "2",
+          "--gen-bytes", "2")
+    rows = _read(out)
+    assert tuple(rows[0]) == COST_COLUMNS
+    assert [(r["arm"], r["length"]) for r in rows] == [
+        (a, n) for n in ("256", "1024") for a in ("shaw", "xl", "segtree")]
+    got = {(r["arm"], int(r["length"])): r for r in rows}
+    for (arm, n), r in got.items():
+        assert r["fits"] == "True" and r["note"] == "" and r["rounds"] == "2", r
+        assert int(r["segment"]) == (n if arm == "xl" else n // 4)
+        for what in ("train", "read", "generate"):
+            assert 0 < float(r[f"{what}_ms_per_byte"]) <= float(r[f"{what}_ms_slowest"]), r
+    mb = {k: float(r["train_peak_mb"]) for k, r in got.items()}
+    assert mb["shaw", 1024] > 4 * mb["shaw", 256], mb
+    assert mb["segtree", 1024] < mb["shaw", 1024] / 3, mb
+
+
+@pytest.mark.slow
+def test_a_point_over_the_memory_cap_is_written_as_not_fitting(tmp_path):
+    """A cap too small for the step (a real allocation failing in a fresh process): the
+    point says it does not fit and what failed, it gets no times, the run exits 0."""
+    out = tmp_path / "cost.csv"
+    r = _cost(out, "--lengths", "512", "--models", "shaw", "--rounds", "1",
+              "--memory-limit-gb", "0.01")
+    (row,) = _read(out)
+    assert row["fits"] == "False" and row["note"].startswith("does not fit in 0.01 GiB: "), row
+    assert row["train_peak_mb"] == row["train_ms_per_byte"] == row["segment"] == ""
+    assert "bench_cost memory: shaw at 512: does not fit" in r.stdout
+
+
+def _c(arm, length, mb=None, gen=None, slow=None, fits=True, rounds=2):
+    return {"arm": arm, "length": str(length), "fits": str(fits),
+            "train_peak_mb": "" if mb is None else str(mb),
+            "generate_ms_per_byte": "" if gen is None else str(gen),
+            "generate_ms_slowest": "" if slow is None else str(slow), "rounds": str(rounds)}
+
+
+def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
+    from minixl.experiments.bench_all import NEEDS, decisions
+
+    quality = [{"arm": "a", "length": "32", "budget": "1e9", "seed": "0",
+                "own_protocol": "all-positions", "own_bpc": "2", "common_bpc": "2"}]
+    cost = [_c("a", 16384, mb=100, gen=5.0, slow=5.5), _c("b", 16384, mb=300, gen=1.0, slow=1.2),
+            _c("c", 16384, fits=False), _c("d", 16384, mb=105, gen=9, slow=9.9),
+            _c("a", 4096, mb=50, gen=2.0, slow=2.1)]
+    table = {r["need"]: r for r in decisions(quality, [], cost)}
+    memory, generation = table[NEEDS[5]], table[NEEDS[4]]
+    # a adds 100 MB, d 105: within 10 %, no winner; c does not fit and is named
+    assert memory["choice"].startswith("no winner at this scale (best a, within 10%")
+    assert memory["runner_up"] == "d (105 MB)" and memory["margin"] == 5
+    assert "does not fit: c" in memory["reason"]
+    memory = {r["need"]: r for r in decisions(quality, [], cost[:3])}[NEEDS[5]]
+    assert memory["choice"] == "a" and memory["runner_up"] == "b (300 MB)"
+    # generation where the most arms were timed (3 at 16384): b's slowest round (1.2) beats
+    # a's fastest
+    assert generation["choice"] == "b" and generation["setting"].startswith("after 16384")
+    # an arm too big to train at 16384 is not timed there: the comparison moves to 4096
+    more = [_c(a, 4096, mb=1, gen=g, slow=g) for a, g in (("b", 3.0), ("c", 0.5), ("d", 4))]
+    generation = {r["need"]: r for r in decisions(quality, [], cost + more)}[NEEDS[4]]
+    assert generation["choice"] == "c" and generation["setting"].startswith("after 4096")
+    close = [_c("a", 16384, gen=1.0, slow=1.5), _c("b", 16384, gen=1.2, slow=1.3)]
+    generation = {r["need"]: r for r in decisions(quality, [], close)}[NEEDS[4]]
+    assert generation["choice"].startswith("no winner at this scale (best a")
+    one = [_c("a", 16384, gen=1.0, slow=1.0, rounds=1), _c("b", 16384, gen=2.0, slow=2.0,
+                                                            rounds=1)]
+    generation = {r["need"]: r for r in decisions(quality, [], one)}[NEEDS[4]]
+    assert generation["choice"] == "no winner at this scale (one round, no spread; best a)"
+    short = {r["need"]: r for r in decisions(quality, [], cost[-1:])}
+    assert short[NEEDS[5]]["choice"] == "not measured"
+    assert "did not reach 16384 bytes" in short[NEEDS[5]]["reason"]
