@@ -165,6 +165,10 @@ def test_runs_made_apart_and_merged_equal_one_run(tmp_path):
     _bench(other, "--models", "shaw", "--seeds", "0", "--lr", "0.001")
     with pytest.raises(ValueError, match="run with different settings"):
         merge_runs([parts[0], other], tmp_path / "mixed")
+    budget = tmp_path / "budget"
+    _bench(budget, "--models", "shaw", "--seeds", "0", "--budgets", "2e9")
+    with pytest.raises(ValueError, match="run at different lengths or budgets"):
+        merge_runs([parts[0], budget], tmp_path / "budgets")
     with pytest.raises(ValueError, match="holds no quality.csv rows"):
         merge_runs([parts[0], tmp_path / "nothing"], tmp_path / "empty")
 
@@ -328,3 +332,20 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
     text = decisions_markdown(decisions(quality, reach))
     assert text.splitlines()[0].startswith("| need | measured on | use | why |")
     assert "| a | held-out 2.010 bpc | b (2.120) | 0.110 | 0.030 |" in text
+
+
+def test_the_decision_table_says_which_contestants_its_rows_leave_out():
+    """A process stopped before an arm's reach runs (or its largest budget): the rows that
+    compare the others say so, instead of naming a winner as if every contestant ran."""
+    from minixl.experiments.bench_all import decisions
+
+    quality = [_q(a, s, 2.0 + 0.1 * i + 0.001 * s) for i, a in enumerate("abc")
+               for s in (0, 1)]
+    reach = [_r(a, s, 0.9 - 0.3 * i) for i, a in enumerate("ab") for s in (0, 1)]
+    table = {r["need"]: r for r in decisions(quality, reach)}
+    recall = table["exact recall at a distance: 16 bytes"]
+    assert recall["setting"].endswith(", 2 of 3 contestants (no c)"), recall
+    assert table["best bpc at fixed compute"]["setting"].endswith("read left to right")
+    short = [r for r in quality if not (r["arm"] == "b")]
+    best = decisions(short, reach)[0]
+    assert best["setting"].endswith(", 2 of 3 contestants (no b)"), best

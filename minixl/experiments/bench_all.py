@@ -349,17 +349,21 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
     with the same other options) finishes in the time of the slowest. Their plan, quality and
     reach rows are written to `out` in the order one process would have written them, runs.csv
     keeps every process's row (with its folder), and the decision table and figure are written
-    from the joined rows as `bench_all` writes them. Refuses folders made with other settings,
-    and a plan or point found twice. Returns the quality and reach rows."""
+    from the joined rows as `bench_all` writes them (where an arm's rows stop short, a
+    process stopped early, the table's rows say which contestants they leave out). Refuses
+    folders made with other settings, lengths, budgets or devices, and a plan or point found
+    twice. Returns the quality and reach rows."""
     folders = [Path(f) for f in folders]
     out = Path(out)
-    plan, quality, reach, runs = {}, {}, {}, []
+    plan, quality, reach, runs, grids = {}, {}, {}, [], {}
     for folder in folders:
         rows = _read_rows(folder / "quality.csv")
         if not rows:
             raise ValueError(f"{folder} holds no quality.csv rows: not a bench_all folder, or a "
                              "run that wrote no point")
-        for r in _read_rows(folder / "plan.csv"):
+        planned = _read_rows(folder / "plan.csv")
+        grids[folder] = sorted({(int(r["length"]), float(r["budget"])) for r in planned})
+        for r in planned:
             key = (r["arm"], int(r["length"]), float(r["budget"]))
             if key in plan and plan[key] != r:
                 raise ValueError(f"two different plans of {key[0]} at length {key[1]} and "
@@ -378,6 +382,12 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
     settings = {r["settings"] for r in [*quality.values(), *reach.values(), *plan.values()]}
     if len(settings) != 1:
         raise ValueError(f"the folders were run with different settings: {sorted(settings)}")
+    if len({tuple(g) for g in grids.values()}) > 1:
+        raise ValueError("the folders were run at different lengths or budgets: "
+                         + "; ".join(f"{f}: {g}" for f, g in grids.items()))
+    devices = {r.get("device") for r in runs}
+    if len(devices) > 1:
+        raise ValueError(f"the folders were run on different devices: {sorted(devices)}")
     known = list(contestants())  # the bench's own order; arms it does not know after them
     order = known + sorted({r["arm"] for r in plan.values()} - set(known))
     plan_rows = sorted(plan.values(), key=lambda r: (
@@ -446,6 +456,15 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
     return row
 
 
+def _missing(rows: list[dict], every: list[str]) -> str:
+    """', k of N contestants (no ARM, ...)' where the rows leave some of `every` out (a
+    process stopped, say), else ''."""
+    have = {r["arm"] for r in rows}
+    gone = [a for a in every if a not in have]
+    return (f", {len(every) - len(gone)} of {len(every)} contestants (no {', '.join(gone)})"
+            if gone else "")
+
+
 def _top_reach(reach: list[dict]) -> list[dict]:
     """The reach rows at the largest budget, and at its longest length (a rerun that adds a
     budget or a length trains the task again there and keeps the old rows)."""
@@ -465,15 +484,15 @@ def _fits(cost: list[dict]) -> list[dict]:
 
 
 def _memory_need(cost: list[dict]) -> dict:
-    """The training-memory row from bench_cost's rows at the longest length measured (at
-    least MEMORY_LENGTH): the arm whose training step adds the least memory. One fresh process
-    per point and no seeds: a winner only where the runner-up takes MEMORY_MARGIN more."""
-    length = max(int(r["length"]) for r in cost)
+    """The training-memory row from bench_cost's rows at MEMORY_LENGTH: the arm whose
+    training steps add the least memory. One fresh process per point and no seeds: a winner
+    only where the runner-up takes MEMORY_MARGIN more."""
+    length = MEMORY_LENGTH
     at = [r for r in cost if int(r["length"]) == length]
     fit = sorted((r for r in _fits(at) if r.get("train_peak_mb") not in (None, "")),
                  key=lambda r: float(r["train_peak_mb"]))
     out = ", ".join(r["arm"] for r in at if str(r["fits"]) != "True")
-    setting = f"one training step, one row of {length} bytes, a fresh process each"
+    setting = f"training steps, one row of {length} bytes, a fresh process each"
     if not fit:
         return {"setting": setting, "choice": "none fits", "reason": f"none fits ({out})",
                 "runner_up": "", "margin": None, "spread": None}
@@ -506,16 +525,21 @@ def _generation_need(cost: list[dict]) -> dict | None:
         return None
     length = max(n for n in count if count[n] == max(count.values()))
     at = [r for r in fit if int(r["length"]) == length]
-    one = int(at[0]["rounds"]) < 2
-    values = {r["arm"]: [float(r["generate_ms_per_byte"])] if one else
-              [float(r["generate_ms_per_byte"]), float(r["generate_ms_slowest"])] for r in at}
-    picked = _pick(values, lower=True, what="per generated byte (fastest round):", unit="ms")
-    picked["choice"] = picked["choice"].replace("one seed", "one round")
-    best = picked["choice"] if picked["choice"] in values else None
-    if best is not None:
-        picked["reason"] = f"{values[best][0]:.3f} ms per generated byte (fastest round)"
-    return {"setting": f"after {length} bytes, one byte a call, "
-                       f"{at[0]['rounds']} rounds", **picked}
+    rounds = int(at[0]["rounds"])
+    fast = {r["arm"]: float(r["generate_ms_per_byte"]) for r in at}
+    slow = {r["arm"]: float(r["generate_ms_slowest"]) for r in at}
+    best, second = sorted(fast, key=fast.get)[:2]
+    picked = {"choice": best, "reason": f"{fast[best]:.3f} ms per generated byte (fastest "
+                                        f"round)",
+              "runner_up": f"{second} ({fast[second]:.3f})",
+              "margin": round(fast[second] - fast[best], 4),
+              "spread": round((slow[best] - fast[best]) / 2 + (slow[second] - fast[second]) / 2,
+                              4)}
+    if rounds < 2:
+        picked["choice"] = f"no winner at this scale (one round, no spread; best {best})"
+    elif slow[best] >= fast[second]:
+        picked["choice"] = f"no winner at this scale (best {best}, within the rounds' spread)"
+    return {"setting": f"after {length} bytes, one byte a call, {rounds} rounds", **picked}
 
 
 def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None
@@ -534,6 +558,7 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
         add(need, "", {"choice": "not measured", "reason": why, "runner_up": "",
                        "margin": None, "spread": None})
 
+    every = list(dict.fromkeys(r["arm"] for r in [*quality, *reach]))
     budgets = sorted({float(r["budget"]) for r in quality})
     lengths = sorted({int(r["length"]) for r in quality})
     length = lengths[-1] if lengths else None
@@ -548,7 +573,7 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                        "beside it")
             continue
         add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
-            "seeds, read left to right", _pick(_by_arm(rows, "common_bpc"), lower=True,
+            f"seeds, read left to right{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
                                                  what="held-out", unit="bpc"))
     infill = [r for r in quality if r["own_protocol"] == "infill" and budgets
               and float(r["budget"]) == budgets[-1] and int(r["length"]) == length]
@@ -568,7 +593,7 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                 "out of reach", "runner_up": "", "margin": None, "spread": None})
             continue
         add(f"{NEEDS[3]}: {band} bytes", f"reach task, budget {float(rows[0]['budget']):g}, "
-            f"length {rows[0]['length']}", _pick(_by_arm(rows, "accuracy"), lower=False,
+            f"length {rows[0]['length']}{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
                                                   what="accuracy", unit="",
                                                   chance=1 / LETTERS))
     generation = _generation_need(cost) if cost else None
@@ -576,8 +601,8 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
         unmeasured(NEEDS[4], "generation speed is not part of this run")
     else:
         table.append({"need": NEEDS[4], **generation})
-    if not cost or max(int(r["length"]) for r in cost) < MEMORY_LENGTH:
-        unmeasured(NEEDS[5], f"the cost-against-length sweep (bench_cost) did not reach "
+    if not cost or all(int(r["length"]) != MEMORY_LENGTH for r in cost):
+        unmeasured(NEEDS[5], f"the cost-against-length sweep (bench_cost) did not measure "
                    f"{MEMORY_LENGTH} bytes")
     else:
         table.append({"need": NEEDS[5], **_memory_need(cost)})

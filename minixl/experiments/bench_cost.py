@@ -7,13 +7,14 @@ and be one layer of width 12 at 16,384 bytes: its cost would be that of another 
 
 Hand-written (not generated). For each arm and length:
 
-- **training memory**: one training step (forward, backward, AdamW: the trainer's own
-  `train_step`) on one row of `length` random bytes, in a fresh process whose address space
-  is capped at `--memory-limit-gb` above what it holds before the step; the peak resident
-  memory the step adds (VmHWM, reset before it). A point that does not fit under the cap is
-  written as such ("does not fit": the allocation that failed), it does not crash the run;
-- **training time** per byte: the same step, timed in this process (the second step: the
-  first makes the optimiser's state);
+- **training memory**: two training steps (forward, backward, AdamW: the trainer's own
+  `train_step`) on one row of `length` random bytes, the second with the state the first
+  leaves (a Transformer-XL's memory of `length` bytes), in a fresh process whose address
+  space is capped at `--memory-limit-gb` above what it holds before them; the peak resident
+  memory they add (VmHWM, reset before them; Linux). A point that does not fit under the
+  cap is written as such ("does not fit": the allocation that failed), it does not crash
+  the run; any other error does;
+- **training time** per byte: the second of those steps, timed in this process;
 - **reading** per byte: the model protocol (``model.step``) carried over `length` bytes as
   `read_left_to_right` reads them (a window kind in quarters of its window, a memory kind a
   segment at a time), then one more call timed, divided by the bytes it reads;
@@ -21,9 +22,9 @@ Hand-written (not generated). For each arm and length:
 
 It writes its rows to `--csv` (default book/bench/cost.csv) and a figure beside it (the
 same name, .png), and prints how each arm's costs grow at the top of the range (`report`);
-where the bench's quality.csv
-is beside it, the decision table there is written again, its streaming-generation and
-training-memory rows from these. Times are the fastest of `--rounds` interleaved rounds (each round runs every arm at every
+where the file is called cost.csv and the bench's quality.csv is beside it, the decision
+table there is written again (when these rows cover every contestant of quality.csv), its
+streaming-generation and training-memory rows from these. Times are the fastest of `--rounds` interleaved rounds (each round runs every arm at every
 length once; the slowest round is kept too, so a reader sees the noise). Each point's row
 says what the step ran on: the machine, the threads and torch. Everything is on the CPU: this
 is the cost on the machine a reader has.
@@ -86,32 +87,47 @@ def _setup(arm: str, length: int, params: int, shape_length: int, seed: int = 0)
     return kind, plan, model, net, opt, data
 
 
-def _train_step(net, opt, data) -> float:
+def _train_steps(net, opt, data) -> float:
+    """Two training steps, the second with the state the first leaves (a Transformer-XL's
+    memory: its second step attends over the memory and the segment, as in training; the
+    first also makes AdamW's state). Returns the seconds of the second."""
     from ..training import train_step
 
+    _, state, _ = train_step(net, opt, data[:, :-1], data[:, 1:])
     t0 = time.perf_counter()
-    train_step(net, opt, data[:, :-1], data[:, 1:])
+    train_step(net, opt, data[:, :-1], data[:, 1:], state)
     return time.perf_counter() - t0
+
+
+_OUT_OF_MEMORY = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc",
+                  "out of memory")
 
 
 def memory_point(arm: str, length: int, params: int, shape_length: int,
                  limit_gb: float) -> dict:
-    """One training step of `arm` at `length` in this process, under an address-space cap of
-    `limit_gb` GiB above its size before the step: {'fits': True, 'train_peak_mb': MB the
-    step added} or {'fits': False, 'note': what failed}. Run it in a fresh process (the
-    command does): the cap stays on."""
+    """Two training steps of `arm` at `length` in this process (`_train_steps`), under an
+    address-space cap of `limit_gb` GiB above its size before them: {'fits': True,
+    'train_peak_mb': the most resident memory they added, MiB} or {'fits': False, 'note':
+    the allocation that failed}. Any other error is raised. Linux (it reads /proc). Run it in
+    a fresh process (the command does): the cap stays on."""
     from ..device import peak_rss_mb
 
     *_, net, opt, data = _setup(arm, length, params, shape_length)
     with open("/proc/self/status") as f:
         size = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024
     cap = size + int(limit_gb * 2 ** 30)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     before = peak_rss_mb(reset=True)
     try:
-        _train_step(net, opt, data)
+        _train_steps(net, opt, data)
     except (RuntimeError, MemoryError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        text = str(err).strip()
+        if not isinstance(err, MemoryError) and not any(m in text for m in _OUT_OF_MEMORY):
+            raise
+        first = text.splitlines()[0] if text else type(err).__name__
         return {"fits": False,
                 "note": f"does not fit in {limit_gb:g} GiB: {first[:160]}"}
     return {"fits": True, "train_peak_mb": round(peak_rss_mb() - before, 1)}
@@ -130,9 +146,9 @@ def _memory_in_fresh_process(arm: str, length: int, params: int, shape_length: i
     for line in r.stdout.splitlines():
         if line.startswith("COST "):
             return json.loads(line[5:])
-    if r.returncode < 0:  # killed (by the kernel's out-of-memory killer, say)
-        return {"fits": False, "note": f"does not fit: the process was killed by signal "
-                                       f"{-r.returncode}"}
+    if r.returncode == -9:  # SIGKILL: the kernel's out-of-memory killer, most likely
+        return {"fits": False, "note": "does not fit: the process was killed (SIGKILL, the "
+                                       "kernel's out-of-memory killer?)"}
     raise RuntimeError(f"the memory point of {arm} at {length} failed (exit {r.returncode}): "
                        f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}")
 
@@ -206,8 +222,7 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
                         continue
                     kind, plan, model, net, opt, data = _setup(arm, length, params,
                                                                shape_length)
-                    _train_step(net, opt, data)  # the first step makes AdamW's state
-                    train = _train_step(net, opt, data) / length
+                    train = _train_steps(net, opt, data) / length
                     segment, read, generate = _read_and_generate(kind, plan, model, data,
                                                                  length, gen_bytes)
                     rows[arm, length]["segment"] = segment
@@ -223,11 +238,16 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
     path = Path(csv)
     write_csv(out, path)
     plot_cost(out, path.with_suffix(".png"))
-    if (path.parent / "quality.csv").exists():  # the bench's own folder: its table again
+    if path.name == "cost.csv" and (path.parent / "quality.csv").exists():
         from .bench_all import _read_rows, write_decisions
 
-        write_decisions(path.parent, _read_rows(path.parent / "quality.csv"),
-                        _read_rows(path.parent / "reach.csv"))
+        quality = _read_rows(path.parent / "quality.csv")
+        missing = sorted({r["arm"] for r in quality} - set(arms))
+        if missing:  # a table over some contestants only would name a false winner
+            print(f"bench_cost: the decision table in {path.parent} is not written again: "
+                  f"these rows leave out {', '.join(missing)}", flush=True)
+        else:  # the bench's own folder: its table again, with these rows
+            write_decisions(path.parent, quality, _read_rows(path.parent / "reach.csv"))
     return out
 
 
@@ -251,7 +271,7 @@ def report(rows: list[dict]) -> str:
         parts = []
         for key, name in (("train_ms_per_byte", "a"), ("train_peak_mb", "b")):
             top = _top_two(rows, arm, key)
-            if top:
+            if top and min(top[0][1], top[1][1]) > 0:
                 (n1, v1), (n2, v2) = top
                 parts.append(f"{name} = {math.log(v2 / v1) / math.log(n2 / n1):.2f} "
                              f"({n1}-{n2})")
