@@ -32,6 +32,7 @@ is the cost on the machine a reader has.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -53,10 +54,12 @@ COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "fits", "
                 "rounds", "threads", "cpus", "machine", "torch")
 
 
+@functools.lru_cache(maxsize=None)
 def _plan(arm: str, length: int, params: int, shape_length: int):
     """(kind, config, objective options, parameters): the arm sized by the planner to `params`
     at `shape_length`, then given `length` at that width and depth (what grows with the
-    length, a position table, grows; a memory keeps its ratio to the length)."""
+    length, a position table, grows; a memory keeps its ratio to the length). Cached: the
+    width search runs once per point, not once per round."""
     from types import SimpleNamespace
 
     from ..planner import _count, _sized, _start, plan_bench
