@@ -78,10 +78,12 @@ _NAMES = {
     'XLNetConfig': 'xlnet',
     'XLNetOutput': 'xlnet',
     'ahead_pairs': 'aux_losses',
+    'arm_summary': 'one_bench',
     'attention': 'char_transformer',
     'attention_layer_cost': 'segtree',
     'attention_mask': 'transformer_xl',
     'attention_weights': 'char_transformer',
+    'bench_rows': 'one_bench',
     'bidirectional_distances': 'xlnet',
     'build_model': 'launch',
     'causal_mask': 'char_transformer',
@@ -187,7 +189,7 @@ _NAMES = {
 _MODULES = (
     'aux_losses', 'bench', 'book_kinds', 'char_transformer', 'check', 'checkpoint',
     'cli', 'data', 'device', 'evaluation', 'experiments', 'kinds', 'launch',
-    'model_kind', 'models', 'options', 'planner', 'plugins', 'reach',
+    'model_kind', 'models', 'one_bench', 'options', 'planner', 'plugins', 'reach',
     'relative_attention', 'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
 )
 __all__ = sorted(_NAMES) + list(_MODULES)

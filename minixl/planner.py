@@ -13,7 +13,7 @@ its defaults), so nothing here names a model. For each arm `plan_bench`
   target, and the depth too when no width at the preset's depth comes within 10 %;
 - counts training FLOPs per byte with the kind's own count (`ModelKind.flops_per_token`)
   plus what its objective adds (`Objective.flops`), and picks the steps of batch_size x
-  length bytes that come nearest the budget;
+  length bytes that come nearest the budget (`matched_steps`, Chapter 7.2);
 - says how far each match is off and why it cannot be exact.
 
 Models are built on PyTorch's meta device: nothing is allocated, any size plans in seconds.
@@ -29,11 +29,21 @@ import torch
 from .kinds import KINDS, kind_of
 from .model_kind import BenchArm, ModelKind
 
-__all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "bench_arms", "plan_arm",
-           "plan_bench"]
+__all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
+           "plan_arm", "plan_bench"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
+
+
+def matched_steps(budget: float, flops_per_byte: float, *, batch_size: int, length: int) -> int:
+    """The number of training steps, each of batch_size x length bytes, whose training FLOPs
+    come nearest `budget` (at least one): the bench's matched-compute rule."""
+    if budget <= 0 or flops_per_byte <= 0 or batch_size < 1 or length < 1:
+        raise ValueError(f"need budget > 0, flops_per_byte > 0, batch_size >= 1 and "
+                         f"length >= 1; got {budget}, {flops_per_byte}, {batch_size} and "
+                         f"{length}")
+    return max(1, round(budget / (flops_per_byte * batch_size * length)))
 
 
 @dataclass(frozen=True)
@@ -179,7 +189,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
         weights, flops = _count(kind, config, options)
         notes.append("no d_model and n_head fields: its preset's size, not resized")
     per_step = flops * batch_size * length
-    steps = max(1, round(budget / per_step))
+    steps = matched_steps(budget, flops, batch_size=batch_size, length=length)
     if abs(_off(steps * per_step, budget)) > FLOPS_TOLERANCE:
         notes.append(f"one step is {per_step:.3g} FLOPs, {per_step / budget:.1%} of the "
                      f"budget: raise --budget")

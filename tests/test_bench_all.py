@@ -349,3 +349,30 @@ def test_the_decision_table_says_which_contestants_its_rows_leave_out():
     short = [r for r in quality if not (r["arm"] == "b")]
     best = decisions(short, reach)[0]
     assert best["setting"].endswith(", 2 of 3 contestants (no b)"), best
+
+
+# ---------------------------------------------------------------- Chapter 7's readers
+
+def test_arm_summary_means_and_half_ranges_over_the_rows_asked_for():
+    from minixl.one_bench import arm_summary
+
+    rows = [{"arm": "b", "budget": "800000000000.0", "seed": "0", "bpc": "2.0"},
+            {"arm": "a", "budget": "8e11", "seed": "0", "bpc": "3.0"},
+            {"arm": "b", "budget": "8e11", "seed": "1", "bpc": "2.5"},
+            {"arm": "b", "budget": "2e11", "seed": "0", "bpc": "9.0"},
+            {"arm": "a", "budget": "8e11", "seed": "1", "bpc": ""}]
+    got = arm_summary(rows, "bpc", budget=8e11)
+    assert list(got) == ["b", "a"]  # first seen first
+    assert got["b"] == (2.25, 0.25, 2) and got["a"] == (3.0, 0.0, 1)
+    assert arm_summary(rows, "bpc", budget=8e11, seed=1) == {"b": (2.5, 0.0, 1)}
+    assert arm_summary(rows, "bpc", arm="zzz") == {}
+
+
+def test_bench_rows_reads_a_stored_run_and_refuses_another_folder(tmp_path):
+    from minixl.one_bench import bench_rows
+
+    stored = bench_rows(Path(__file__).resolve().parent.parent / "book" / "bench")
+    assert {"plan", "quality", "reach", "decisions", "cost"} <= set(stored)
+    assert {r["arm"] for r in stored["quality"]} == set(contestants())
+    with pytest.raises(ValueError, match="neither quality.csv nor reach.csv"):
+        bench_rows(tmp_path)

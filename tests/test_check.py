@@ -50,7 +50,8 @@ def test_every_checker_is_tested():
                                   "rel_shift_bi", "leaf_context", "bpt_context", "causal_tree_graph",
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments",
-                                  "span_targets", "sibling_scores"}
+                                  "span_targets", "sibling_scores", "matched_compute",
+                                  "reach", "contestant"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -876,3 +877,89 @@ def test_span_targets_checker_names_the_slip(capsys):
 
     fails_with(capsys, check.span_targets, from_zero, "the first span always starts at 0")
     fails_with(capsys, check.span_targets, packed, "always 1 byte apart")
+
+
+# ---------------------------------------------------------------- Chapter 7
+
+def _dense_flops(c, *, forward_only=False, tables=False, scores=1.0):
+    with torch.device("meta"):
+        model = minixl.CharTransformer(c)
+    weights = sum(p.numel() for n, p in model.named_parameters() if tables or n != "pos")
+    attention = 12 * c.n_layer * c.block_size * c.d_model * scores
+    return 2 * weights + attention / 3 if forward_only else 6 * weights + attention
+
+
+def _steps(budget, flops, batch_size, length):
+    return max(1, round(budget / (flops * batch_size * length)))
+
+
+def test_matched_compute_checker_passes_the_planner_and_names_each_slip(capsys):
+    from minixl.planner import matched_steps
+
+    assert check.matched_compute(_dense_flops, lambda b, f, B, T: matched_steps(
+        b, f, batch_size=B, length=T)) is True
+    assert capsys.readouterr().out.startswith("PASS matched_compute: all ")
+    for flops, hint in ((lambda c: _dense_flops(c, forward_only=True), "forward pass only"),
+                        (lambda c: _dense_flops(c, tables=True), "counts the position tables"),
+                        (lambda c: _dense_flops(c, scores=0.5), "halves the attention scores"),
+                        (lambda c: _dense_flops(c, scores=0), "leaves out the attention scores")):
+        assert check.matched_compute(flops, _steps) is False
+        out = capsys.readouterr().out
+        assert out.startswith("FAIL matched_compute:") and hint in out, out
+    for steps, hint in ((lambda b, f, B, T: round(b / (f * T)), "forgets the batch"),
+                        (lambda b, f, B, T: round(b / (f * B)), "forgets the window"),
+                        (lambda b, f, B, T: max(1, int(b / (f * B * T))), "floors 578.70"),
+                        (lambda b, f, B, T: round(b / (f * B * T)), "returns 0")):
+        assert check.matched_compute(_dense_flops, steps) is False
+        out = capsys.readouterr().out
+        assert out.startswith("FAIL matched_compute:") and hint in out, out
+
+
+def _reach(name, c, slip=None):
+    if name != "xl":
+        return c.block_size - (slip == "window")
+    T, M, N = c.tgt_len, c.mem_len, c.n_layer
+    if slip == "one layer":
+        return T + M
+    if slip == "N memories":
+        return T + N * M
+    if slip == "N x L":
+        return N * T
+    earliest = last = (N * (M // T + 2) + 1) * T - 1
+    for _ in range(N):
+        earliest = (earliest // T) * T - M
+    return last + 1 - earliest
+
+
+def test_reach_checker_passes_the_kinds_reach_and_names_each_slip(capsys):
+    assert check.reach(_reach) is True
+    assert capsys.readouterr().out.startswith("PASS reach: all ")
+    for slip, hint in (("window", "reads T bytes back from the byte after it"),
+                       ("one layer", "in one layer only"), ("N memories", "own segment's start"),
+                       ("N x L", "literally")):
+        fails_with(capsys, check.reach, lambda n, c, slip=slip: _reach(n, c, slip), hint)
+
+
+def test_contestant_checker_passes_a_new_arm_and_names_each_slip(capsys):
+    from dataclasses import replace
+
+    from minixl.kinds import kind_of
+    from minixl.model_kind import BenchArm
+
+    xl = kind_of("xl")
+    arm = {"xl, no memory": BenchArm(model=dict(mem_len=0))}
+    good = replace(xl, name="xl-nomem-test", bench=arm)
+    assert check.contestant(good, steps=20) is True
+    out = capsys.readouterr().out
+    assert "PASS xl-nomem-test, training xl, no memory" in out and "FAIL" not in out, out
+    for kind, hint in ((replace(good, bench={"xl": BenchArm(model=dict(mem_len=0))}),
+                        "arm names: taken by another kind's arm: 'xl' (--model xl)"),
+                       (replace(good, flops=None), "FLOP count: none"),
+                       (replace(good, reach=None), "reach: not stated")):
+        assert check.contestant(kind, steps=20) is False
+        out = capsys.readouterr().out
+        assert f"FAIL xl-nomem-test, {hint}" in out, out
+    assert check.contestant(good, budget=1e6, steps=20) is False
+    assert "FAIL xl-nomem-test, plan: not matched" in capsys.readouterr().out
+    assert check.contestant("xl") is False
+    assert "expected a minixl.model_kind.ModelKind" in capsys.readouterr().out

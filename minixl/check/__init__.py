@@ -9,7 +9,7 @@ something is, and returns True when every test passes.
 
 Each chapter's checkers live in the module named after the chapter's own module:
 minixl.check.char_transformer (Chapter 1), .aux_losses (2), .relative_attention (3),
-.transformer_xl (4), .xlnet (5) and .segtree (6); the verdict helpers they share are in
+.transformer_xl (4), .xlnet (5), .segtree (6) and .one_bench (7); the verdict helpers they share are in
 minixl.check._common. A checker loads its references only when it runs, so a chapter's
 checkers work before later chapters' modules exist.
 """
@@ -25,6 +25,7 @@ from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, r
                     span_targets, targets_for_k)
 from .segtree import (bpt_context, causal_tree_graph, gathered_attention, leaf_context,
                       sibling_scores)
+from .one_bench import contestant, matched_compute, reach
 from .kinds import kind
 
 
@@ -37,4 +38,5 @@ __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "rel_shift_bi", "span_targets", "targets_for_k",
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
            "gathered_attention", "sibling_scores",
+           "matched_compute", "reach", "contestant",  # Chapter 7
            "kind"]  # every model kind, yours too (minixl.check.kinds)

@@ -1,0 +1,190 @@
+"""Checkers for Chapter 7's exercises (every mechanism on one bench): matched_compute, reach
+and contestant, compared with the kinds' own counts and the planner (minixl.planner).
+Hand-written (not generated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from ._common import _call, _ref, _verdict
+
+
+def _char_configs():
+    from ..kinds import kind_of
+
+    kind = kind_of("char")
+    base = kind.presets["tiny"].model
+    shapes = [dict(n_layer=2, d_model=32, n_head=4, d_inner=128, block_size=16),
+              dict(n_layer=4, d_model=56, n_head=4, d_inner=224, block_size=128),
+              dict(n_layer=3, d_model=48, n_head=2, d_inner=96, block_size=64),
+              dict(n_layer=1, d_model=16, n_head=1, d_inner=16, block_size=7)]
+    return kind, [kind.config(**{**base, **s}) for s in shapes]
+
+
+def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
+    """Check flops_fn(config) -> training FLOPs per byte of Chapter 1's model (6 per weight
+    that multiplies, position tables excluded, plus 12 N T C), and steps_fn(budget,
+    flops_per_byte, batch_size, length) -> the bench's matched step count."""
+    import torch
+
+    kind, configs = _char_configs()
+    n_checks = len(configs)
+    for c in configs:
+        with torch.device("meta"):
+            model = kind.build(c)
+        want = kind.flops_per_token(model)
+        weights = sum(p.numel() for n, p in model.named_parameters() if n != "pos")
+        table = model.pos.numel() if getattr(model, "pos", None) is not None else 0
+        scores = 12 * c.n_layer * c.block_size * c.d_model
+        got, err = _call(flops_fn, c)
+        where = (f"for n_layer={c.n_layer}, d_model={c.d_model}, d_inner={c.d_inner}, "
+                 f"block_size={c.block_size}")
+        if err:
+            return _verdict("matched_compute", f"{where}: {err}", n_checks)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
+            slips = {2 * weights + scores / 3: "counts the forward pass only: training costs "
+                                               "2 FLOPs per weight forward and 4 backward, 6",
+                     want + 6 * table: "counts the position tables: they are added to the "
+                                       "input, not multiplied, so they cost no 6 per weight",
+                     want - scores: "leaves out the attention scores, 12 N T C: q.k and the "
+                                    "weighted sum of the values, forward and backward",
+                     want - scores / 2: "halves the attention scores: the planner counts them "
+                                        "in full, as PaLM's convention does, though a causal "
+                                        "kernel skips half"}
+            hint = next((why for value, why in slips.items()
+                         if isinstance(got, (int, float)) and abs(got - value) < 1e-6 * want),
+                        f"returned {got!r}, expected {want:,.0f} (6 x {weights:,} weights + "
+                        f"{scores:,} for the scores)")
+            return _verdict("matched_compute", f"{where}: {hint}", n_checks)
+    reference = _ref("planner", "matched_steps")
+    cases = [(8e11, 1.35e6, 8, 128), (2e10, 3.1e5, 8, 32), (1e9, 2.0e5, 4, 64),
+             (5e8, 1.0e6, 8, 128), (3e11, 7.7e5, 16, 256), (1e12, 4.4e5, 1, 1024)]
+    for budget, fpb, b, t in cases:
+        want = reference(budget, fpb, batch_size=b, length=t)
+        got, err = _call(steps_fn, budget, fpb, b, t)
+        where = f"for budget {budget:g}, {fpb:g} FLOPs per byte, batch {b}, length {t}"
+        if err:
+            return _verdict("matched_compute", f"{where}: {err}", n_checks + len(cases))
+        if got != want:
+            exact = budget / (fpb * b * t)
+            slips = {round(budget / (fpb * t)): "forgets the batch: a step reads batch_size "
+                                                "windows",
+                     round(budget / (fpb * b)): "forgets the window: a step reads length bytes "
+                                                "in each row",
+                     int(exact): f"floors {exact:.2f} to {int(exact)}: the planner takes the "
+                                 "nearest count, so the FLOPs miss the budget by at most half "
+                                 "a step either way",
+                     0: "returns 0 where a step costs more than the budget: a contestant "
+                        "trains at least one step (the plan then says the budget is too small)"}
+            hint = next((why for value, why in slips.items() if got == value),
+                        f"returned {got!r}, expected {want}")
+            return _verdict("matched_compute", f"{where}: {hint}", n_checks + len(cases))
+    return _verdict("matched_compute", None, n_checks + len(cases))
+
+
+def reach(fn: Callable) -> bool:
+    """Check fn(kind_name, config) -> how many bytes back from the byte predicted a prediction
+    can read, for the kinds char, shaw and segtree (windows) and xl (segments and a memory),
+    against the kinds' own `reach`."""
+    from ..kinds import kind_of
+
+    cases = [("char", dict(block_size=32)), ("shaw", dict(block_size=128)),
+             ("segtree", dict(block_size=64)), ("xl", dict(tgt_len=32, mem_len=0, n_layer=2)),
+             ("xl", dict(tgt_len=32, mem_len=32, n_layer=3)),
+             ("xl", dict(tgt_len=16, mem_len=32, n_layer=3)),
+             ("xl", dict(tgt_len=32, mem_len=16, n_layer=2)),
+             ("xl", dict(tgt_len=8, mem_len=20, n_layer=4))]
+    for name, fields in cases:
+        kind = kind_of(name)
+        config = kind.config(**{**kind.presets["tiny"].model, **fields})
+        want = kind.reach(config)[0]
+        where = f"for {name} with {', '.join(f'{k}={v}' for k, v in fields.items())}"
+        got, err = _call(fn, name, config)
+        if err:
+            return _verdict("reach", f"{where}: {err}", len(cases))
+        if got == want:
+            continue
+        if name != "xl":
+            hint = ("a window of T reads T bytes back from the byte after it (its last "
+                    "position predicts the next byte from all T)"
+                    if got == want - 1 else f"returned {got!r}, expected {want}")
+        else:
+            t, m, n = fields["tgt_len"], fields["mem_len"], fields["n_layer"]
+            hint = {t + m: "counts the memory in one layer only: each layer's memory holds "
+                           "states of the layer below, which read their own memory, so each "
+                           "of the N layers adds its reach",
+                    n * t: "takes Dai et al.'s O(N x L) literally: the reach grows by the "
+                           "memory, not the segment, at each layer",
+                    t + n * m: "adds N memories to the segment: right when the memory is a whole "
+                               "number of segments, but a state read from the memory reads "
+                               "back from its own segment's start, not from itself"
+                    }.get(got, f"returned {got!r}, expected {want}")
+        return _verdict("reach", f"{where}: {hint}", len(cases))
+    return _verdict("reach", None, len(cases))
+
+
+def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int = 32,
+               batch_size: int = 8, steps: int = 30) -> bool:
+    """Check a model kind as a new contestant of the bench: its arms' names are free, it counts
+    its own FLOPs and states its reach, the planner matches each arm to the budget and the
+    parameters (the live bench's of Chapter 7.4 by default), and each arm, trained `steps`
+    steps, reads held-out text left to right better than before training. Prints a line per
+    check; True when all pass."""
+    import torch
+
+    from ..data import load_corpus
+    from ..experiments.bench_all import _segment, _train, read_left_to_right
+    from ..model_kind import ModelKind
+    from ..planner import bench_arms, plan_bench
+
+    if not isinstance(kind, ModelKind):
+        print(f"FAIL contestant: expected a minixl.model_kind.ModelKind, got "
+              f"{type(kind).__name__}")
+        return False
+    problems = []
+    book = {name: k for name, (k, _) in bench_arms().items() if k.name != kind.name}
+    taken = [f"{name!r} (--model {book[name].name})" for name in kind.bench_arms
+             if name in book]
+    problems.append(("arm names", f"taken by another kind's arm: {', '.join(taken)}; name "
+                     "yours apart" if taken else None))
+    problems.append(("FLOP count", None if kind.flops else
+                     "none: the default, 6 per weight, leaves attention out, so at a matched "
+                     "budget it would get more steps than the book's arms, which count it; "
+                     "give the kind flops="))
+    problems.append(("reach", None if kind.reach else
+                     "not stated: the bench cannot mark the distances it cannot reach before "
+                     "training; give the kind reach= (exercise 2)"))
+    arms = {name: (kind, arm) for name, arm in kind.bench_arms.items()}
+    plans = []
+    try:
+        plans = plan_bench(budget=budget, params=params, length=length,
+                           batch_size=batch_size, arms=arms)
+        missed = [f"{p.arm}: {p.why}" for p in plans if not p.matched]
+        problems.append(("plan", f"not matched ({'; '.join(missed)})" if missed else None))
+    except Exception as err:  # the student's kind may fail to build: report it
+        problems.append(("plan", f"the planner raised {type(err).__name__}: {err}"))
+    held = load_corpus("pydoc").valid[:2048]
+    for p in plans:
+        try:
+            segment = _segment(kind, p.config, length)
+            torch.manual_seed(0)
+            before, _ = read_left_to_right(kind.build(p.config), held, segment=segment)
+            model, _ = _train(kind, replace(p, steps=steps), load_corpus("pydoc").train,
+                              seed=0, lr=1e-2, device="cpu")
+            after, _ = read_left_to_right(model, held, segment=segment)
+            ok = after < before - 0.5
+            problems.append((f"training {p.arm}", None if ok else
+                             f"{steps} steps took its held-out bpc from {before:.2f} to "
+                             f"{after:.2f}, less than half a bit: does its objective train "
+                             "what `step` predicts?"))
+            reach_now = f", reaches {kind.reach(p.config)[0]} bytes back" if kind.reach else ""
+            print(f"     {p.arm}: {p.params:,} parameters, {p.steps} steps at {budget:g} FLOPs"
+                  f"{reach_now}; {steps} steps: {before:.2f} -> {after:.2f} bpc")
+        except Exception as err:  # the student's model may raise anything: report it
+            problems.append((f"training {p.arm}", f"raised {type(err).__name__}: {err}"))
+    for name, problem in problems:
+        print(f"PASS {kind.name}, {name}" if problem is None
+              else f"FAIL {kind.name}, {name}: {problem}")
+    return all(problem is None for _, problem in problems)
