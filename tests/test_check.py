@@ -932,8 +932,13 @@ def _reach(name, c, slip=None):
 
 
 def test_reach_checker_passes_the_kinds_reach_and_names_each_slip(capsys):
+    import numpy as np
+
     assert check.reach(_reach) is True
     assert capsys.readouterr().out.startswith("PASS reach: all ")
+    assert check.reach(lambda n, c: np.int64(_reach(n, c))) is True  # any one number will do
+    capsys.readouterr()
+    fails_with(capsys, check.reach, lambda n, c: [_reach(n, c)], "returned [32], expected 32")
     for slip, hint in (("window", "reads T bytes back from the byte after it"),
                        ("one layer", "in one layer only"), ("N memories", "own segment's start"),
                        ("N x L", "literally")):
@@ -954,11 +959,14 @@ def test_contestant_checker_passes_a_new_arm_and_names_each_slip(capsys):
     assert "PASS xl-nomem-test, training xl, no memory" in out and "FAIL" not in out, out
     for kind, hint in ((replace(good, bench={"xl": BenchArm(model=dict(mem_len=0))}),
                         "arm names: taken by another kind's arm: 'xl' (--model xl)"),
-                       (replace(good, flops=None), "FLOP count: none"),
+                       (replace(good, flops=None), "FLOP count: none given"),
+                       (replace(good, flops=lambda m: 6 * sum(p.numel() for p in m.parameters())),
+                        "FLOP count: xl, no memory counts no more than 6 per weight"),
+                       (replace(good, name="xl"), "kind name: 'xl' is the name of a registered"),
                        (replace(good, reach=None), "reach: not stated")):
         assert check.contestant(kind, steps=20) is False
         out = capsys.readouterr().out
-        assert f"FAIL xl-nomem-test, {hint}" in out, out
+        assert f"FAIL {kind.name}, {hint}" in out, out
     assert check.contestant(good, budget=1e6, steps=20) is False
     assert "FAIL xl-nomem-test, plan: not matched" in capsys.readouterr().out
     assert check.contestant("xl") is False

@@ -5,10 +5,22 @@ Hand-written (not generated).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 from typing import Callable
 
 from ._common import _call, _ref, _verdict
+
+
+def _number(value) -> float | None:
+    """value as a float when it is one number (an int, a float, a NumPy or 0-d tensor
+    scalar), else None."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value.item()) if getattr(value, "numel", lambda: 0)() == 1 else None
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _char_configs():
@@ -43,7 +55,8 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                  f"block_size={c.block_size}")
         if err:
             return _verdict("matched_compute", f"{where}: {err}", n_checks)
-        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
+        value = _number(got)
+        if value is None or abs(value - want) > 1e-6 * want:
             slips = {2 * weights + scores / 3: "counts the forward pass only: training costs "
                                                "2 FLOPs per weight forward and 4 backward, 6",
                      want + 6 * table: "counts the position tables: they are added to the "
@@ -53,8 +66,8 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                      want - scores / 2: "halves the attention scores: the planner counts them "
                                         "in full, as PaLM's convention does, though a causal "
                                         "kernel skips half"}
-            hint = next((why for value, why in slips.items()
-                         if isinstance(got, (int, float)) and abs(got - value) < 1e-6 * want),
+            hint = next((why for slip, why in slips.items()
+                         if value is not None and abs(value - slip) < 1e-6 * want),
                         f"returned {got!r}, expected {want:,.0f} (6 x {weights:,} weights + "
                         f"{scores:,} for the scores)")
             return _verdict("matched_compute", f"{where}: {hint}", n_checks)
@@ -67,7 +80,8 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
         where = f"for budget {budget:g}, {fpb:g} FLOPs per byte, batch {b}, length {t}"
         if err:
             return _verdict("matched_compute", f"{where}: {err}", n_checks + len(cases))
-        if got != want:
+        value = _number(got)
+        if value != want:
             exact = budget / (fpb * b * t)
             slips = {round(budget / (fpb * t)): "forgets the batch: a step reads batch_size "
                                                 "windows",
@@ -78,7 +92,7 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                                  "a step either way",
                      0: "returns 0 where a step costs more than the budget: a contestant "
                         "trains at least one step (the plan then says the budget is too small)"}
-            hint = next((why for value, why in slips.items() if got == value),
+            hint = next((why for slip, why in slips.items() if value == slip),
                         f"returned {got!r}, expected {want}")
             return _verdict("matched_compute", f"{where}: {hint}", n_checks + len(cases))
     return _verdict("matched_compute", None, n_checks + len(cases))
@@ -104,12 +118,13 @@ def reach(fn: Callable) -> bool:
         got, err = _call(fn, name, config)
         if err:
             return _verdict("reach", f"{where}: {err}", len(cases))
-        if got == want:
+        value = _number(got)
+        if value == want:
             continue
         if name != "xl":
             hint = ("a window of T reads T bytes back from the byte after it (its last "
                     "position predicts the next byte from all T)"
-                    if got == want - 1 else f"returned {got!r}, expected {want}")
+                    if value == want - 1 else f"returned {got!r}, expected {want}")
         else:
             t, m, n = fields["tgt_len"], fields["mem_len"], fields["n_layer"]
             hint = {t + m: "counts the memory in one layer only: each layer's memory holds "
@@ -120,15 +135,15 @@ def reach(fn: Callable) -> bool:
                     t + n * m: "adds N memories to the segment: right when the memory is a whole "
                                "number of segments, but a state read from the memory reads "
                                "back from its own segment's start, not from itself"
-                    }.get(got, f"returned {got!r}, expected {want}")
+                    }.get(value, f"returned {got!r}, expected {want}")
         return _verdict("reach", f"{where}: {hint}", len(cases))
     return _verdict("reach", None, len(cases))
 
 
 def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int = 32,
                batch_size: int = 8, steps: int = 30) -> bool:
-    """Check a model kind as a new contestant of the bench: its arms' names are free, it counts
-    its own FLOPs and states its reach, the planner matches each arm to the budget and the
+    """Check a model kind as a new contestant of the bench: its name and its arms' names are
+    free, it counts its own FLOPs (attention included) and states its reach, the planner matches each arm to the budget and the
     parameters (the live bench's of Chapter 7.4 by default), and each arm, trained `steps`
     steps, reads held-out text left to right better than before training. Prints a line per
     check; True when all pass."""
@@ -136,6 +151,7 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
 
     from ..data import load_corpus
     from ..experiments.bench_all import _segment, _train, read_left_to_right
+    from ..kinds import KINDS
     from ..model_kind import ModelKind
     from ..planner import bench_arms, plan_bench
 
@@ -144,15 +160,15 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
               f"{type(kind).__name__}")
         return False
     problems = []
-    book = {name: k for name, (k, _) in bench_arms().items() if k.name != kind.name}
+    other = KINDS.get(kind.name)
+    problems.append(("kind name", None if other is None or other == kind else
+                     f"{kind.name!r} is the name of a registered kind already: give yours "
+                     "another (replace(..., name=...))"))
+    book = {name: k for name, (k, _) in bench_arms().items() if k != kind}
     taken = [f"{name!r} (--model {book[name].name})" for name in kind.bench_arms
              if name in book]
     problems.append(("arm names", f"taken by another kind's arm: {', '.join(taken)}; name "
                      "yours apart" if taken else None))
-    problems.append(("FLOP count", None if kind.flops else
-                     "none: the default, 6 per weight, leaves attention out, so at a matched "
-                     "budget it would get more steps than the book's arms, which count it; "
-                     "give the kind flops="))
     problems.append(("reach", None if kind.reach else
                      "not stated: the bench cannot mark the distances it cannot reach before "
                      "training; give the kind reach= (exercise 2)"))
@@ -165,6 +181,13 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
         problems.append(("plan", f"not matched ({'; '.join(missed)})" if missed else None))
     except Exception as err:  # the student's kind may fail to build: report it
         problems.append(("plan", f"the planner raised {type(err).__name__}: {err}"))
+    flat = [p.arm for p in plans if p.flops_per_byte <= 6 * p.params]
+    problems.insert(2, ("FLOP count", None if kind.flops and not flat else
+                        ("none given" if not kind.flops else f"{', '.join(flat)} counts no "
+                         f"more than 6 per weight at a window of {length}")
+                        + ": attention left out, so at a matched budget it would get more steps "
+                          "than the book's arms, which count their attention scores; give the "
+                          "kind a flops= that counts them"))
     held = load_corpus("pydoc").valid[:2048]
     for p in plans:
         try:
