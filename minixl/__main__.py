@@ -1,7 +1,5 @@
 """`python -m minixl`: the command line (hand-written)."""
 
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

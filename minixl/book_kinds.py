@@ -178,7 +178,7 @@ CHAR = ModelKind(
     "char", "Chapter 1's CharTransformer, trained on random windows",
     CharTransformerConfig, CharTransformer, "block_size", _CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
-    flops=_char_flops, field_help=_CHAR_HELP, reach=_window_reach,
+    flops=_char_flops, field_help=_CHAR_HELP, reach=_window_reach, cpu_bf16=True,
     bench={"char": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 1's dense model, the next-byte loss at every position"),
            "char+aux": BenchArm(objective=dict(aux_losses="positions,layers,targets",

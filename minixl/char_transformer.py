@@ -96,7 +96,13 @@ class MultiHeadAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.heads(x)
         p = self.dropout if self.training else 0.0
-        if self.fused:
+        if self.fused and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # under bf16 autocast on a CPU (`minixl train --dtype bf16`) attention stays fp32:
+            # the fused kernel's bf16 backward is several times slower there than its fp32 one
+            with torch.autocast("cpu", enabled=False):
+                y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                   is_causal=True, dropout_p=p)
+        elif self.fused:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
             w = F.dropout(attention_weights(q, k, causal_mask(T, device=x.device)), p)

@@ -16,6 +16,7 @@ finished step when training (a training error carries its code as `exit_code`).
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import sys
 from dataclasses import fields
@@ -51,6 +52,12 @@ TRAIN_OPTIONS = (
     Option("weight_decay_on", str, None, "matrices: decay the weight matrices, not biases, "
            "norms or the tables a model keeps apart (default for a new run); all: decay every "
            "tensor; a resumed run keeps its checkpoint's", choices=("matrices", "all")),
+    Option("dtype", str, None, "fp32; bf16 (autocast: matmuls in bf16, attention of --model "
+           "char, the loss, weights, optimiser state and checkpoints in fp32); auto (the "
+           "default for a new run): bf16 on a GPU, and on a CPU with fast bf16 for a model "
+           "measured to gain from it, else fp32; a resumed run keeps its checkpoint's (given on "
+           "resume, it is taken, and the run no longer continues bit for bit)",
+           choices=("fp32", "bf16", "auto")),
     Option("lr", float, None, "peak learning rate"),
     Option("warmup", int, None, "steps of linear warm-up"),
     Option("grad_clip", float, None, "clip the gradient norm (0 = no clipping)"),
@@ -190,7 +197,8 @@ def _train(args, ranks) -> int:
     cfg, model, length = run.built.config, run.built.model, run.built.length
     n_params = sum(p.numel() for p in model.parameters())
     say(f"minixl train: --model {kind.name}, {n_params:,} parameters, {cfg.steps} steps of "
-        f"{cfg.batch_size} x {length} bytes of {run.corpus.name}, run folder {out}", flush=True)
+        f"{cfg.batch_size} x {length} bytes of {run.corpus.name}, {cfg.dtype} "
+        f"({run.dtype_why}), run folder {out}", flush=True)
     say(f"minixl train: world size {ranks.world}" + (
         f" (torchrun: {ranks.world} processes, each {cfg.batch_size // ranks.world} of the "
         f"{cfg.batch_size} sequences of a step)" if ranks.world > 1 else " (one process)") + (
@@ -254,7 +262,7 @@ def cmd_eval(args) -> int:
         raise ValueError(f"{args.checkpoint} does not say which corpus it was trained on; "
                          "pass --corpus")
     data = getattr(load_corpus(source), args.split)[:args.max_bytes]
-    result = score(model, data, kind, batch_size=args.batch_size, **settings)
+    result = score(model, data, kind, batch_size=args.batch_size, dtype=args.dtype, **settings)
     print(f"{source} {args.split}: {result}")
     return 0
 
@@ -349,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-bytes", type=int, help="evaluate only the first N bytes of the split")
     e.add_argument("--batch-size", type=int, default=64, help="windows per batch; with memory, "
                    "the most parallel streams (each kept at least 32 segments long)")
+    e.add_argument("--dtype", choices=("fp32", "bf16"), help="bf16 autocast or fp32, whatever "
+                   "the checkpoint was trained in (its weights are fp32); default: bf16 on a "
+                   "GPU, fp32 on a CPU")
     e.set_defaults(func=cmd_eval)
 
     b = sub.add_parser("bench", parents=[model, device], help="training tokens/s, and MFU on "
@@ -384,6 +395,15 @@ def _load_own_kinds(argv: list[str]) -> None:
         return
     if model and ":" in model:
         load_kind(model)
+
+
+def run() -> None:
+    """The `minixl` command (and `python -m minixl`): main() on sys.argv, then exit with its
+    code. Before exiting it freezes what the garbage collector tracks, so that the
+    collector's last pass at exit does not walk every object torch and the run made."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,12 +159,14 @@ def check_protocol(protocol: Protocol, seq_len: int, *, kind, what: str = "seq_l
 
 
 def evaluate(model: nn.Module, data: torch.Tensor, protocol: Protocol, *, kind, seq_len: int,
-             stride: int | None = None, batch_size: int = 64) -> Evaluation:
+             stride: int | None = None, batch_size: int = 64,
+             dtype: str | None = None) -> Evaluation:
     """Bits per byte of data [N] under a protocol (kind.protocol(name), or one of PROTOCOLS)
     that the model's kind (a ModelKind) declares.
 
     seq_len is the window, or the segment length for a protocol that reads streams;
-    batch_size is windows per forward pass, or at most that many streams.
+    batch_size is windows per forward pass, or at most that many streams. dtype: 'fp32' or
+    'bf16' (autocast); None: bf16 on CUDA, fp32 on the CPU.
     """
     p = check_protocol(protocol, seq_len, kind=kind)
     if not isinstance(batch_size, int) or batch_size < 1:
@@ -179,7 +181,7 @@ def evaluate(model: nn.Module, data: torch.Tensor, protocol: Protocol, *, kind, 
     model.eval()
     try:
         # no graph: a state carried from segment to segment holds none, whoever wrote it
-        with torch.no_grad(), autocast(next(model.parameters()).device):
+        with torch.no_grad(), autocast(next(model.parameters()).device, dtype):
             bpc, how = p.score(model, data, seq_len=seq_len, batch_size=batch_size,
                                stride=stride)
     finally:

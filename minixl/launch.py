@@ -15,7 +15,7 @@ module imports the registry, and with it every chapter's module: the chapters im
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .data import Corpus, load_corpus
-from .device import distributed_env, memory_capacity, training_device
+from .device import distributed_env, memory_capacity, resolve_dtype, training_device
 from .evaluation import check_protocol, evaluate
 from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_overrides
 from .options import flag
@@ -137,7 +137,7 @@ def _build(s: RunPlan) -> BuiltModel:
 
 def kept_on_resume(out: str | Path | None, resume: bool) -> dict:
     """The settings a resumed run keeps from its checkpoint unless told otherwise: the
-    grouping of weight decay and the optimiser's kernel (a checkpoint written before a
+    grouping of weight decay, the optimiser's kernel and the precision (a checkpoint written before a
     setting existed was trained with the value in run_folder.UNRECORDED_DEFAULTS: decay on
     everything, the unfused kernel). Empty when there is nothing to read (the caller's
     defaults hold)."""
@@ -147,7 +147,8 @@ def kept_on_resume(out: str | Path | None, resume: bool) -> dict:
         saved = load_checkpoint(Path(out) / CHECKPOINT, for_resume=True)["train_config"]
     except CheckpointError:
         return {}  # the trainer says what is wrong with it
-    return {k: {**UNRECORDED_DEFAULTS, **saved}[k] for k in ("weight_decay_on", "fused")}
+    return {k: {**UNRECORDED_DEFAULTS, **saved}[k] for k in ("weight_decay_on", "fused",
+                                                            "dtype")}
 
 
 @dataclass
@@ -165,6 +166,7 @@ class PreparedRun:
     resume: bool = False
     overwrite: bool = False
     allow_change: tuple[str, ...] = ()
+    dtype_why: str = ""  # why the run trains in its dtype (what --dtype auto picked)
 
     def train(self, *, progress: bool = True, ranks=None) -> TrainResult:
         """Run it; ranks: the process group a caller holds open (the command line's), else
@@ -187,12 +189,19 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
     first evaluation protocol on the valid split, at the training length) and the metadata a
     checkpoint keeps. Bad settings fail here, before any training."""
     train_settings = dict(train_settings or {}, device=device)
+    dtype_kept = resume and train_settings.get("dtype") is None
     for k, v in kept_on_resume(out, resume).items():
         if train_settings.get(k) is None:
             train_settings[k] = v
     plan = plan_run(model, preset, model_settings=model_settings,
                     train_settings=train_settings, objective_options=objective_options)
     where = training_device(plan.config.device)
+    if dtype_kept:  # a checkpoint written before the setting existed: auto's old rule
+        dtype, _ = resolve_dtype(plan.config.dtype, where)
+        dtype_why = "kept from the checkpoint"
+    else:
+        dtype, dtype_why = resolve_dtype(plan.config.dtype, where, kind=plan.kind)
+    plan = replace(plan, config=replace(plan.config, dtype=dtype))  # as the checkpoint keeps it
     check_memory(plan, where)  # before the model or any batch is allocated
     built = _build(plan)
     kind, cfg, length = built.kind, built.config, built.length
@@ -215,7 +224,8 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
 
     def held_out(net: nn.Module, n_bytes: int | None) -> float:
         text = data.valid if n_bytes is None else data.valid[:n_bytes]
-        return evaluate(net, text, protocol, seq_len=length, batch_size=batch, kind=kind).bpc
+        return evaluate(net, text, protocol, seq_len=length, batch_size=batch, kind=kind,
+                        dtype=cfg.dtype).bpc
 
     meta = {"kind": kind.name}
     if kind.source:
@@ -225,4 +235,5 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
         meta["objective"] = tag
     meta["corpus"] = {"source": corpus, "sha256": data.sha256}
     return PreparedRun(built, data, corpus, where, batches, held_out, meta,
-                       None if out is None else Path(out), resume, overwrite, tuple(allow_change))
+                       None if out is None else Path(out), resume, overwrite, tuple(allow_change),
+                       dtype_why)

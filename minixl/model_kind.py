@@ -128,6 +128,9 @@ class ModelKind:
     # window, a memory, a tree; the bench marks the distances past it before training
     # (minixl.reach). None: not stated
     reach: Callable[[object], tuple[int, str]] | None = None
+    # measured to train faster under bf16 autocast on a CPU with fast bf16 (AMX, AVX512-BF16),
+    # at no worse bpc: `minixl train --dtype auto` (the default) picks bf16 there
+    cpu_bf16: bool = False
 
     def __post_init__(self):
         names = {f.name for f in fields(self.config)}

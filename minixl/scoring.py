@@ -24,12 +24,12 @@ __all__ = ["score", "check_score"]
 
 def score(model: nn.Module, data: torch.Tensor, kind: ModelKind, *, protocol: str | None = None,
           seq_len: int | None = None, stride: int | None = None, batch_size: int = 64,
-          **overrides) -> Evaluation:
+          dtype: str | None = None, **overrides) -> Evaluation:
     """Bits per byte of data [N] by the kind's protocol called `protocol` (default: its
     first). A window protocol reads windows of seq_len (default: the training length) and
     a stride where it takes one; a protocol that reads streams takes the model's own length,
     with the config fields the kind's eval_overrides name changed by `overrides` (for this
-    call only: the model's config is put back)."""
+    call only: the model's config is put back). dtype: as `evaluate` takes it."""
     p = check_score(model, kind, protocol=protocol, seq_len=seq_len, stride=stride,
                     **overrides)
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -38,7 +38,7 @@ def score(model: nn.Module, data: torch.Tensor, kind: ModelKind, *, protocol: st
     try:
         length = getattr(model.config, kind.length) if seq_len is None else seq_len
         return evaluate(model, data, p, seq_len=length, stride=stride, batch_size=batch_size,
-                        kind=kind)
+                        kind=kind, dtype=dtype)
     finally:
         model.config = trained
 

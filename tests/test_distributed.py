@@ -33,8 +33,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "
 
 def _args(kind: str, out: Path, corpus: Path, steps: int, *extra: str) -> list[str]:
     """A tiny run that logs every step and checkpoints only at the end (or when stopped);
-    two layers, so that the memory of xl is carried through more than one."""
-    return ["-m", "minixl", "train", *TINY[kind], "--n-layer", "2",
+    two layers, so that the memory of xl is carried through more than one; fp32, so that
+    the runs compared differ in how the batch is split, at fp32's rounding."""
+    return ["-m", "minixl", "train", *TINY[kind], "--n-layer", "2", "--dtype", "fp32",
             "--batch-size", "4", "--steps", str(steps), "--log-every", "1", "--eval-every",
             "1000", "--eval-bytes", "512", "--ckpt-every", "1000", "--device", "cpu",
             "--no-progress", "--sample-len", "0", "--corpus", str(corpus), "--out", str(out),

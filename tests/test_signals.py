@@ -241,9 +241,10 @@ def _interrupt(argv, metrics: Path, rows: int, signum) -> tuple[int, str]:
 @pytest.mark.parametrize("kind,signum,extra", [
     ("char", signal.SIGINT, ()), ("shaw", signal.SIGTERM, ()), ("xl", signal.SIGINT, ()),
     ("xl", signal.SIGTERM, ()), ("xlnet", signal.SIGTERM, ()),
-    ("xlnet", signal.SIGINT, ("--reuse-len", "16", "--bi-data"))],
+    ("xlnet", signal.SIGINT, ("--reuse-len", "16", "--bi-data")),
+    ("char", signal.SIGTERM, ("--dtype", "bf16")), ("xl", signal.SIGINT, ("--dtype", "bf16"))],
     ids=["char-SIGINT", "shaw-SIGTERM", "xl-SIGINT", "xl-SIGTERM", "xlnet-with-memory-SIGTERM",
-         "xlnet-pretraining-input-bi-data-SIGINT"])
+         "xlnet-pretraining-input-bi-data-SIGINT", "char-bf16-SIGTERM", "xl-bf16-SIGINT"])
 def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, extra, tmp_path,
                                                     small_corpus):
     """A user's Ctrl-C (or a scheduler's SIGTERM) at a random moment of `minixl train`: the
@@ -274,6 +275,10 @@ def test_a_signal_mid_run_then_resume_is_bit_exact(kind, signum, extra, tmp_path
     if kind in ("xl", "xlnet"):  # (tiny: --mem-len 16 and 32) the memory was carried and kept
         saved = load_checkpoint(part / "checkpoint.pt", for_resume=True)["state"]
         assert saved is not None and all(m.size(1) > 0 for m in saved), kind
+    ckpt = load_checkpoint(part / "checkpoint.pt", for_resume=True)
+    if "bf16" in extra:  # trained under bf16 autocast: the weights are kept in fp32
+        assert ckpt["train_config"]["dtype"] == "bf16"
+    assert {t.dtype for t in ckpt["model"].values()} == {torch.float32}
 
 
 @pytest.mark.slow

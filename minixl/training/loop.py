@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..char_transformer import lr_at
 from ..checkpoint import CheckpointError
 from ..data import step_seed
-from ..device import autocast, distributed_env
+from ..device import DTYPES, autocast, distributed_env, resolve_dtype
 from . import state as states
 from .distributed import ProcessGroup, process_group, wrap_ddp
 from .optim import DECAY_ON, make_optimizer
@@ -68,6 +68,9 @@ class TrainConfig:
     compile: bool = False
     fused: bool = False  # AdamW's fused kernel on the CPU too (on CUDA always): faster, but it
     # rounds otherwise than Chapter 1's loop, which False reproduces bit for bit
+    dtype: str = "auto"  # fp32; bf16 (autocast: matmuls in bf16; weights, optimiser state and
+    # checkpoints fp32); auto: bf16 on a GPU that has it, fp32 on a CPU (`minixl train`
+    # picks bf16 on a CPU with fast bf16 for a model kind measured to gain from it)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "eval_every",
@@ -91,6 +94,8 @@ class TrainConfig:
             raise ValueError(f"batch_size {self.batch_size} does not split into grad_accum "
                              f"{self.grad_accum} equal micro-batches: use a batch size that is "
                              f"a multiple of {self.grad_accum}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.weight_decay_on not in DECAY_ON:
             raise ValueError(f"weight_decay_on must be one of {', '.join(DECAY_ON)}, got "
                              f"{self.weight_decay_on!r}")
@@ -150,12 +155,14 @@ def seed_rng(seed: int, device: torch.device) -> None:
 def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                state=None, *, micro: int | None = None, seeds: list[int] | None = None,
                progress: float = 0.0, grad_clip: float = 0.0,
-               device: torch.device = torch.device("cpu"), params: list | None = None):
+               device: torch.device = torch.device("cpu"), params: list | None = None,
+               dtype: str | None = None):
     """One optimiser step on this process's rows x, y [b, T], in micro-batches of `micro`
     rows (default: all; seeds[i] seeds micro-batch i's dropout). Each micro-batch's loss is
     scaled by 1/n so that the gradients add up to those of the mean loss over the b rows; a
     state is split into its rows and put back together. The gradient norm is clipped over
-    `params` (default: net's trainable parameters). The new state is detached: the next
+    `params` (default: net's trainable parameters); dtype 'bf16' runs the forward under bf16
+    autocast, 'fp32' without (None: bf16 on CUDA, fp32 on a CPU). The new state is detached: the next
     step's backward stops at it (truncated backpropagation through time), so a model need
     not detach its own. Returns (mean losses, new state, gradient norm), all on the device:
     nothing here waits for it."""
@@ -169,7 +176,7 @@ def train_step(net: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: t
             seed_rng(seeds[i], device)
         last = i == n - 1  # DDP all-reduces in the last micro-batch's backward only
         with net.no_sync() if hasattr(net, "no_sync") and not last else contextlib.nullcontext():
-            with autocast(device):
+            with autocast(device, dtype):
                 parts, new = net(x[rows], y[rows],
                                  states.rows(state, rows) if n > 1 else state, progress)
             (parts["loss"] / n).backward()
@@ -223,6 +230,10 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     weights = net.objective_weights
     run, plan, cfg = _open_run(ranks, out, model, weights, cfg, meta, resume, overwrite,
                                allow_change, cleanup)
+    cfg = _run_dtype(cfg, plan, device, say=ranks.rank == 0)
+    if run is not None:
+        run.cfg = cfg  # its checkpoints record the dtype the run trains in
+    dtype = cfg.dtype
     opt = make_optimizer([model, weights], cfg, device, no_decay=no_decay)
     start, state = 0, None
     if plan is not None and plan["ckpt"] is not None:
@@ -261,7 +272,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                     net, opt, x[mine].to(device), y[mine].to(device),
                     None if reset_state else state,
                     micro=micro, seeds=seeds, progress=step / cfg.steps,
-                    grad_clip=cfg.grad_clip, device=device, params=params)
+                    grad_clip=cfg.grad_clip, device=device, params=params, dtype=dtype)
                 done = step + 1
                 stopper.settle(ranks)  # distributed: every process stops after the same step
                 log.add(step, parts, norm, x.numel())
@@ -297,6 +308,22 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     ranks.barrier()
     return TrainResult(model, cfg.steps, valid, rec.history, time.perf_counter() - rec.t0,
                        str(device), run.out if run else Path(out) if out is not None else None)
+
+
+def _run_dtype(cfg: TrainConfig, plan, device: torch.device, *, say: bool) -> TrainConfig:
+    """cfg with its dtype resolved to fp32 or bf16: 'auto' on resume keeps the checkpoint's
+    (one written before the setting existed trained by the old rule, auto's: bf16 on CUDA,
+    fp32 on a CPU), else resolves as `resolve_dtype` does without a model kind; an explicit
+    dtype that differs from the checkpoint's is taken, and said."""
+    ckpt = plan["ckpt"] if plan is not None else None
+    saved = ckpt["train_config"].get("dtype") if ckpt is not None else None
+    if cfg.dtype == "auto" and saved in ("fp32", "bf16"):
+        return replace(cfg, dtype=saved)
+    dtype, _ = resolve_dtype(cfg.dtype, device)
+    if say and saved in ("fp32", "bf16") and saved != dtype:
+        print(f"resuming with dtype changed: {saved!r} -> {dtype!r} (the run no longer "
+              "continues bit for bit)")
+    return replace(cfg, dtype=dtype)
 
 
 def _open_run(ranks, out, model, own, cfg, meta, resume, overwrite, allow_change, cleanup):

@@ -37,11 +37,11 @@ CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
 # splits the same batch into micro-batches; like the number of processes and the optimiser's
 # kernel, it changes only the order of float additions and which dropout mask falls on
 # which row).
-CHANGEABLE_ON_RESUME = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device",
+CHANGEABLE_ON_RESUME = ("log_every", "eval_every", "eval_bytes", "ckpt_every", "device", "dtype",
                         "grad_accum", "fused")
 # Settings added after checkpoints of this format were first written: a checkpoint without
 # one was trained with the value here.
-UNRECORDED_DEFAULTS = {"weight_decay_on": "all", "grad_accum": 1, "fused": False}
+UNRECORDED_DEFAULTS = {"weight_decay_on": "all", "grad_accum": 1, "fused": False, "dtype": "auto"}
 # Before model kinds declared their objectives, every checkpoint recorded Chapter 2's
 # default as its objective; a kind without objective options now records none.
 LEGACY_OBJECTIVE = "positions targets=1"
