@@ -24,7 +24,8 @@ TINY = {
     "positions": (["--depths", "1", "--seeds", "0,1", "--steps", "2"],
                   ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]),
     "nanogpt_race": (["--nanogpt", "{stub}", "--text", "{text}", "--rounds", "2", "--steps",
-                      "3"], ["program", "round", "steps", "seconds", "held_out_bpc"]),
+                      "3", "--dtypes", "auto,fp32"],
+                     ["program", "round", "steps", "seconds", "held_out_bpc"]),
     "depth": (["--depths", "1,2", "--seeds", "0", "--steps", "2", "--d-model", "8",
                "--seq-len", "8", "--batch-size", "2", "--eval-bytes", "64"],
               ["depth", "norm", "losses", "seed", "steps", "d_model", "seq_len", "train_bpc",
@@ -226,11 +227,14 @@ def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
 
     rows = run("nanogpt_race")
     assert [(r["program"], r["round"]) for r in rows] == [
-        ("nanoGPT", "1"), ("minixl", "1"), ("nanoGPT", "2"), ("minixl", "2")]
+        ("nanoGPT", "1"), ("minixl", "1"), ("minixl --dtype fp32", "1"),
+        ("nanoGPT", "2"), ("minixl", "2"), ("minixl --dtype fp32", "2")]
     nanogpt = {r["held_out_bpc"] for r in rows if r["program"] == "nanoGPT"}
     assert nanogpt == {"2.0"}  # the stand-in's 1.3863 nats
     assert all(0 < float(r["held_out_bpc"]) < 9 for r in rows)  # bits, not nats
-    assert "minixl's time / nanoGPT's: median " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "minixl's time / nanoGPT's: median " in out
+    assert "minixl --dtype fp32's time / nanoGPT's: median " in out
 
     rows = run("xlnet_memory")
     assert [(r["arm"], r["mem_len"], r["reuse_len"], r["bi_data"]) for r in rows] == [

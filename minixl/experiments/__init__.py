@@ -227,7 +227,9 @@ register(Experiment(
      Option("text", str, None, "Tiny Shakespeare (nanoGPT's data/shakespeare_char/input.txt)",
             required=True),
      Option("rounds", int, 3, "runs of each, in turn"),
-     Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)")),
+     Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)"),
+     Option("dtypes", str, "auto", "minixl's --dtype in each round, comma-separated (auto, "
+            "its default, is the program called minixl; fp32,auto adds an fp32 run)")),
     report="minixl.experiments.char_transformer:race_ratio"))
 
 register(Experiment(

@@ -50,13 +50,16 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200,
     return rows
 
 
-def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) -> list[dict]:
+def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000,
+                 dtypes: str = "auto") -> list[dict]:
     """Chapter 1's loop at a known recipe: `minixl train` against nanoGPT's train.py (a
     checkout of github.com/karpathy/nanoGPT at `nanogpt`), both on nanoGPT's CPU recipe for
     Tiny Shakespeare (`text`, its input.txt): 4 layers of width 128, 4 heads, windows of 64,
     batches of 12, lr 1e-3 after 100 warm-up steps, no dropout, `steps` steps, each with its
-    own evaluation, checkpoints and (minixl) final sample. The two whole commands run in
-    turn, `rounds` times each, on the CPU; one row per run: its seconds and its held-out bits
+    own evaluation, checkpoints and (minixl) final sample. The whole commands run in turn,
+    `rounds` times each, on the CPU: nanoGPT's, then `minixl train` once for each of `dtypes`
+    (comma-separated --dtype values; 'auto', minixl's default, is the program called minixl,
+    another is called 'minixl --dtype D'); one row per run: its seconds and its held-out bits
     per character (nanoGPT's on the last 10% of the text, minixl's on the 5% before the
     last 5%)."""
     import math
@@ -79,6 +82,10 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
         raise ValueError(f"--text {text}: no such file (Tiny Shakespeare's input.txt)")
     if rounds < 1 or steps < 1:
         raise ValueError(f"need rounds >= 1 and steps >= 1, got {rounds} and {steps}")
+    dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+    if not dtype_list or any(d not in ("auto", "fp32", "bf16") for d in dtype_list):
+        raise ValueError(f"--dtypes takes comma-separated values among auto, fp32 and bf16; "
+                         f"got {dtypes!r}")
     # nanoGPT's data/shakespeare_char/prepare.py, without its download: characters as ids,
     # the first 90% to train on
     data = source.read_text()
@@ -101,18 +108,20 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
                          "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
                          "--n_embd=128", f"--max_iters={steps}", f"--lr_decay_iters={steps}",
                          "--dropout=0.0", f"--out_dir={tmp}/nanogpt"], root),
-            "minixl": ([sys.executable, "-m", "minixl", "train", "--model", "char", "--n-layer",
-                        "4", "--d-model", "128", "--n-head", "4", "--d-inner", "512",
-                        "--block-size", "64", "--batch-size", "12", "--steps", str(steps),
-                        "--lr", "1e-3", "--warmup", "100", "--dropout", "0", "--corpus",
-                        str(source.resolve()), "--eval-every", "250", "--out",
-                        f"{tmp}/minixl", "--overwrite", "--device", "cpu", "--no-progress"],
-                       None),
+            **{("minixl" if d == "auto" else f"minixl --dtype {d}"): (
+                [sys.executable, "-m", "minixl", "train", "--model", "char", "--n-layer",
+                 "4", "--d-model", "128", "--n-head", "4", "--d-inner", "512",
+                 "--block-size", "64", "--batch-size", "12", "--steps", str(steps),
+                 "--lr", "1e-3", "--warmup", "100", "--dropout", "0", "--corpus",
+                 str(source.resolve()), "--eval-every", "250", "--out",
+                 f"{tmp}/minixl", "--overwrite", "--device", "cpu", "--no-progress",
+                 *([] if d == "auto" else ["--dtype", d])], None) for d in dtype_list},
         }
-        score = {"nanoGPT": lambda out: float(re.findall(r"val loss ([\d.]+)", out)[-1])
-                 / math.log(2),
-                 "minixl": lambda out: float(re.findall(r"held-out bpc \([^)]*\): ([\d.]+)",
-                                                        out)[-1])}
+
+        def score(program: str, out: str) -> float:
+            if program == "nanoGPT":
+                return float(re.findall(r"val loss ([\d.]+)", out)[-1]) / math.log(2)
+            return float(re.findall(r"held-out bpc \([^)]*\): ([\d.]+)", out)[-1])
         for i in range(rounds):
             for program, (cmd, cwd) in commands.items():
                 t0 = time.perf_counter()
@@ -123,17 +132,20 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000) ->
                     raise RuntimeError(f"{program} failed: {last}")
                 keep_row(rows, dict(program=program, round=i + 1, steps=steps,
                                     seconds=round(seconds, 2),
-                                    held_out_bpc=round(score[program](r.stdout), 4)))
+                                    held_out_bpc=round(score(program, r.stdout), 4)))
     return rows
 
 
 def race_ratio(rows: list[dict]) -> str:
-    """minixl's time over nanoGPT's, run by run: the median and the range."""
+    """Each minixl program's time over nanoGPT's, round by round: the median and the range."""
     import statistics
 
-    pairs = {}
+    rounds = {}
     for r in rows:
-        pairs.setdefault(r["round"], {})[r["program"]] = float(r["seconds"])
-    ratios = sorted(p["minixl"] / p["nanoGPT"] for p in pairs.values())
-    return (f"minixl's time / nanoGPT's: median {statistics.median(ratios):.3f} of "
-            f"{len(ratios)} pairs (min {ratios[0]:.3f}, max {ratios[-1]:.3f})")
+        rounds.setdefault(r["round"], {})[r["program"]] = float(r["seconds"])
+    lines = []
+    for program in dict.fromkeys(r["program"] for r in rows if r["program"] != "nanoGPT"):
+        ratios = sorted(p[program] / p["nanoGPT"] for p in rounds.values())
+        lines.append(f"{program}'s time / nanoGPT's: median {statistics.median(ratios):.3f} of "
+                     f"{len(ratios)} rounds (min {ratios[0]:.3f}, max {ratios[-1]:.3f})")
+    return "\n".join(lines)
