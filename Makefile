@@ -48,7 +48,7 @@ test: check ## every check: pytest, and notebooks match their stored outputs in 
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
 
 test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (under a minute)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" --durations=5 tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)
 	$(PY) -m tools.book.site --out _build/html

@@ -39,6 +39,7 @@ def _bench(out: Path, *extra: str, code: int = 0) -> subprocess.CompletedProcess
     return r
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reach_task(
         tmp_path):
     out = tmp_path / "bench"

@@ -296,7 +296,8 @@ def student_query_stream_update(attn, h, g, content_mask, query_mask, mems=None,
         xlnet.two_stream_loop(attn, h, g, c, q, mems=mems)[1]),
     ("query_stream_update", lambda *args, **kw: student_query_stream_update(*args, **kw)),
     ("rel_shift_bi", xlnet.rel_shift_bi), ("rel_shift_bi", student_rel_shift_bi),
-    ("span_targets", xlnet.span_positions), ("span_targets", student_span_positions),
+    ("span_targets", xlnet.span_positions),
+    pytest.param("span_targets", student_span_positions, marks=pytest.mark.slow),  # 2 s
     ("targets_for_k", lambda T, K: round(T / K)),
     ("targets_for_k", lambda T, K: int(T / K + 0.5)),
 ])
@@ -945,6 +946,7 @@ def test_reach_checker_passes_the_kinds_reach_and_names_each_slip(capsys):
         fails_with(capsys, check.reach, lambda n, c, slip=slip: _reach(n, c, slip), hint)
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_contestant_checker_passes_a_new_arm_and_names_each_slip(capsys):
     from dataclasses import replace
 

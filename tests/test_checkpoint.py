@@ -155,6 +155,7 @@ def test_the_folder_rules(tmp_path, small_corpus, capsys):
     assert (out / "checkpoint.pt").read_bytes() == first
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_compiled_training_saves_plain_keys(tmp_path, monkeypatch, small_corpus):
     real, calls = torch.compile, []
 

@@ -564,6 +564,7 @@ def test_a_run_bigger_than_the_machine_is_refused_before_it_allocates(tmp_path, 
     assert not out.exists()
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_the_segtree_memory_estimate_bounds_what_a_step_allocates():
     """The estimate behind the refusal against the peak of the tensor memory one real training
     step holds at once, in a fresh process, on both paths and at two depths: never below it,

@@ -111,6 +111,7 @@ def test_the_fused_attention_of_chapter_one_stays_fp32_under_cpu_autocast():
     assert seen == [(torch.float32, False)]
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_minixl_train_says_its_dtype_resumes_with_it_and_evaluates_in_either(tmp_path):
     out = tmp_path / "run"
     base = [sys.executable, "-m", "minixl", "train", "--model", "char", "--preset", "tiny",

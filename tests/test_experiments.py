@@ -382,6 +382,7 @@ def test_the_readme_lists_every_entry_with_its_csv():
     assert listed == [(e.name, e.csv) for e in EXPERIMENTS.values()]
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
     """Chapter 6.9's flag task, tiny, twice: here, and in a fresh process whose torch uses two
     threads. The task pins its own thread count (every batch is drawn on one thread, whatever

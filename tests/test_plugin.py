@@ -406,6 +406,7 @@ def test_a_carried_state_that_keeps_its_graph_is_detached_by_the_trainer(small_c
         assert torch.allclose(state, before.step(x)[1], atol=1e-6)
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_a_state_not_batch_first_is_refused_in_one_line(tmp_path, small_corpus):
     """A GRU's own [layers, batch, hidden] would be cut wrongly into micro-batches: refused
     at the first step, with the rule and the fix, with or without --grad-accum."""

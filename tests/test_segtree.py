@@ -288,6 +288,7 @@ def test_fast_tree_attention_equals_the_dense_reference(causal):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_fast_tree_attention_with_dropout_has_the_right_gradient():
     """With dropout, the hand-written backward against finite differences (the same mask on
     every call), and dropout changes the output."""

@@ -1192,6 +1192,7 @@ def test_the_pair_records_have_the_entropies_the_control_claims():
                - PAIR_BOUNDS["causal"]) < 0.01
 
 
+@pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_the_positive_control_orders_the_three_objectives():
     """Chapter 5's positive control, one seed: each arm read its own way lands near its bound,
     permutation (joint) below independent below causal."""
