@@ -60,29 +60,29 @@ def autocast(device: torch.device, dtype: str | None = None):
     return contextlib.nullcontext()
 
 
-def _cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo (Linux: "flags" on x86, "Features" on Arm),
-    or None where it cannot be read (then the probe decides)."""
+def _cpuinfo(*fields: str) -> str | None:
+    """The value of the first /proc/cpuinfo line (Linux) that starts with one of `fields`, or
+    None where there is none or the file cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(fields):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
 
 
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags ("flags" on x86, "Features" on Arm), or None where they cannot
+    be read (then the probe decides)."""
+    flags = _cpuinfo("flags", "Features")
+    return None if flags is None else set(flags.split())
+
+
 def _cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, else what platform says."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _cache_path() -> Path | None:

@@ -137,10 +137,10 @@ def _build(s: RunPlan) -> BuiltModel:
 
 def kept_on_resume(out: str | Path | None, resume: bool) -> dict:
     """The settings a resumed run keeps from its checkpoint unless told otherwise: the
-    grouping of weight decay, the optimiser's kernel and the precision (a checkpoint written before a
-    setting existed was trained with the value in run_folder.UNRECORDED_DEFAULTS: decay on
-    everything, the unfused kernel). Empty when there is nothing to read (the caller's
-    defaults hold)."""
+    grouping of weight decay, the optimiser's kernel and the precision (a checkpoint written
+    before a setting existed was trained with the value in run_folder.UNRECORDED_DEFAULTS:
+    decay on everything, the unfused kernel, auto's old rule for the precision). Empty when
+    there is nothing to read (the caller's defaults hold)."""
     if not resume or out is None:
         return {}
     try:

@@ -143,10 +143,10 @@ def reach(fn: Callable) -> bool:
 def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int = 32,
                batch_size: int = 8, steps: int = 30) -> bool:
     """Check a model kind as a new contestant of the bench: its name and its arms' names are
-    free, it counts its own FLOPs (attention included) and states its reach, the planner matches each arm to the budget and the
-    parameters (the live bench's of Chapter 7.4 by default), and each arm, trained `steps`
-    steps, reads held-out text left to right better than before training. Prints a line per
-    check; True when all pass."""
+    free, it counts its own FLOPs (attention included) and states its reach, the planner
+    matches each arm to the budget and the parameters (the live bench's of Chapter 7.4 by
+    default), and each arm, trained `steps` steps, reads held-out text left to right better
+    than before training. Prints a line per check; True when all pass."""
     import torch
 
     from ..data import load_corpus
@@ -188,13 +188,14 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
                         + ": attention left out, so at a matched budget it would get more steps "
                           "than the book's arms, which count their attention scores; give the "
                           "kind a flops= that counts them"))
-    held = load_corpus("pydoc").valid[:2048]
+    corpus = load_corpus("pydoc")
+    held = corpus.valid[:2048]
     for p in plans:
         try:
             segment = _segment(kind, p.config, length)
             torch.manual_seed(0)
             before, _ = read_left_to_right(kind.build(p.config), held, segment=segment)
-            model, _ = _train(kind, replace(p, steps=steps), load_corpus("pydoc").train,
+            model, _ = _train(kind, replace(p, steps=steps), corpus.train,
                               seed=0, lr=1e-2, device="cpu")
             after, _ = read_left_to_right(model, held, segment=segment)
             ok = after < before - 0.5
