@@ -109,6 +109,31 @@ def test_both_command_lines_offer_every_entry_and_every_entry_a_tiny_setting_her
         assert {o.flag for o in entry.options} | {"--csv", "--all-columns"} <= flags
 
 
+def test_pins_threads_runs_on_the_threads_asked_for_and_gives_the_count_back():
+    import torch
+
+    from minixl.experiments import pins_threads
+
+    @pins_threads
+    def experiment(steps: int, threads: int = 1, fail: bool = False):
+        seen.append(torch.get_num_threads())
+        if fail:
+            raise ValueError("bad steps")
+        return steps
+
+    before, seen = torch.get_num_threads(), []
+    torch.set_num_threads(3)
+    try:
+        assert experiment(5) == 5 and experiment(5, threads=2) == 5
+        with pytest.raises(ValueError, match="bad steps"):
+            experiment(5, 1, True)
+        assert seen == [1, 2, 1] and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(TypeError, match="takes no threads argument"):
+        pins_threads(lambda steps: steps)
+
+
 def test_write_csv_is_atomic_and_the_table_has_every_row(tmp_path):
     rows = [{"a": 1, "b": 2.5, "c": None}, {"a": 12345, "b": 0.001, "c": "x"}]
     path = write_csv(rows, tmp_path / "sub" / "t.csv")
@@ -139,37 +164,77 @@ def _stub(tmp_path: Path, small_corpus: Path) -> dict:
     return {"stub": stub, "text": small_corpus}
 
 
+def _tables(folder: Path) -> dict[str, list[dict]]:
+    return {path.name: _read(path) for path in sorted(folder.glob("*.csv"))}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TINY))
-def test_every_entry_writes_its_csv_from_the_command_line(name, tmp_path, small_corpus):
-    """`python -m minixl.experiments NAME` on a tiny setting, as a user runs it."""
+def test_every_entry_writes_its_csv_from_the_command_line_and_the_same_numbers_twice(
+        name, tmp_path, small_corpus):
+    """`python -m minixl.experiments NAME` on a tiny setting, as a user runs it; then again, in
+    a fresh folder (an entry that resumes must not pick up the first run). Every CSV of the
+    two runs (the entry's, and any it writes beside it) has the same rows and the same
+    values, but for the columns the entry declares `measured` (times, memory)."""
     options, columns = TINY[name]
     paths = _stub(tmp_path, small_corpus) if name == "nanogpt_race" else {}
     options = [o.format(**paths) for o in options]
-    path = tmp_path / f"{name}.csv"
-    r = subprocess.run([sys.executable, "-m", "minixl.experiments", name, *options, "--csv",
-                        str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    if name == "hf-xl" and not _hf_ready():  # its clear error is tested below
-        assert r.returncode == 2 and not path.exists(), r.stderr
-        return
-    assert r.returncode == 0, r.stderr
-    rows = _read(path)
-    assert rows and list(rows[0])[:len(columns)] == columns, list(rows[0])
-    assert r.stdout.splitlines()[-1] == f"{len(rows)} rows written to {path}"
-    assert not list(tmp_path.glob("*.part"))
+    tables = []
+    for run in ("first", "again"):
+        path = tmp_path / run / f"{name}.csv"
+        r = subprocess.run([sys.executable, "-m", "minixl.experiments", name, *options,
+                            "--csv", str(path)], capture_output=True, text=True, cwd=ROOT,
+                           timeout=600)
+        if name == "hf-xl" and not _hf_ready():  # its clear error is tested below
+            assert r.returncode == 2 and not path.exists(), r.stderr
+            return
+        assert r.returncode == 0, r.stderr
+        rows = _read(path)
+        assert rows and list(rows[0])[:len(columns)] == columns, list(rows[0])
+        assert r.stdout.splitlines()[-1] == f"{len(rows)} rows written to {path}"
+        assert not list(path.parent.glob("*.part"))
+        tables.append(_tables(path.parent))
+    first, again = tables
+    measured = set(EXPERIMENTS[name].measured)
+    written = {column for table in first.values() for column in table[0]}
+    assert measured <= written, f"{name} declares measured columns it does not write: " \
+                                f"{sorted(measured - written)}"
+    assert list(first) == list(again)
+    for table in first:
+        assert len(first[table]) == len(again[table]), table
+        for n, (a, b) in enumerate(zip(first[table], again[table])):
+            moved = {k: (a[k], b.get(k)) for k in a if k not in measured and a[k] != b.get(k)}
+            assert not moved, f"{name}: {table} row {n} differs on a re-run: {moved}"
 
 
 @pytest.mark.slow
 def test_the_entries_measure_what_they_say(tmp_path, capsys, small_corpus):
-    """Values that hang together, through `minixl bench --suite NAME` (the same registry)."""
+    """Values that hang together, through `minixl bench --suite NAME` (the same registry);
+    and each run, on the threads it pins, gives the caller's thread count back."""
+    import torch
+
     paths = _stub(tmp_path, small_corpus)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # not what any entry asks for
 
     def run(name, *extra):
         path = tmp_path / f"{name}.csv"
         options = [o.format(**paths) for o in TINY[name][0]]
-        assert main(["bench", "--suite", name, *options, *extra, "--csv", str(path)]) == 0
+        try:
+            assert main(["bench", "--suite", name, *options, *extra, "--csv", str(path)]) == 0
+            assert torch.get_num_threads() == 3, f"{name} left the process on " \
+                                                 f"{torch.get_num_threads()} threads"
+        finally:
+            torch.set_num_threads(3)
         return _read(path)
 
+    try:
+        _hang_together(run, capsys)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _hang_together(run, capsys):
     rows = run("shaw_cost")
     assert [(int(r["T"]), int(r["max_relative"])) for r in rows] == [(4, 4), (4, 16), (24, 4),
                                                                        (24, 16)]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import importlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from typing import Callable
 from ..options import DEVICE, Option, add_options
 
 __all__ = ["Experiment", "EXPERIMENTS", "register", "run", "write_csv", "markdown_table",
-           "keep_row", "int_list", "build_parser", "main"]
+           "keep_row", "int_list", "torch_threads", "pins_threads", "build_parser", "main"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class Experiment:
     # the function also takes csv=, the path its rows go to, and writes files of its own
     # beside it as it goes (a long run that resumes)
     beside: bool = False
+    # the columns that measure the machine or read the clock (times, memory, what a time
+    # decides, when a run ended), in its CSV or those beside it: they move from run to run;
+    # every other column of a re-run on the same machine is the same
+    measured: tuple[str, ...] = ()
 
     def function(self) -> Callable[..., list[dict]]:
         return _load(self.run)
@@ -142,6 +148,23 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
+def pins_threads(function: Callable) -> Callable:
+    """Decorate an experiment that takes `threads`: it runs on that many torch threads, and
+    the caller's count comes back after, whether it returns or raises (see torch_threads)."""
+    signature = inspect.signature(function)
+    if "threads" not in signature.parameters:
+        raise TypeError(f"{function.__name__} takes no threads argument to pin")
+
+    @functools.wraps(function)
+    def pinned(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        with torch_threads(bound.arguments["threads"]):
+            return function(*args, **kwargs)
+
+    return pinned
+
+
 def int_list(text: str, name: str, least: int = 1) -> list[int]:
     """'4,16,32' -> [4, 16, 32], each >= least; a clear error naming --name otherwise."""
     try:
@@ -210,13 +233,15 @@ register(Experiment(
      DEVICE, Option("compile", bool, False, "torch.compile each model"),
      Option("peak_tflops", float, None, "the device's bf16 peak, if minixl does not know it")),
     ("model", "preset", "device", "batch_size", "seq_len", "params", "tokens_per_s", "tflops",
-     "mfu", "peak_mb")))
+     "mfu", "peak_mb"),
+    measured=("tokens_per_s", "tflops", "mfu", "peak_mb")))
 
 register(Experiment(
     "positions", "minixl.experiments.char_transformer:positions", "book/positions.csv",
     "Chapter 1: held-out bpc of per-layer position tables and a sinusoid, by depth and seed",
     (Option("depths", str, "4,8", "comma-separated numbers of layers"), _SEEDS,
-     Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"))))
+     Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"), _THREADS),
+    measured=("seconds",)))
 
 register(Experiment(
     "nanogpt_race", "minixl.experiments.char_transformer:nanogpt_race",
@@ -230,7 +255,8 @@ register(Experiment(
      Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)"),
      Option("dtypes", str, "auto", "minixl's --dtype in each round, comma-separated (auto, "
             "its default, is the program called minixl; fp32,auto adds an fp32 run)")),
-    report="minixl.experiments.char_transformer:race_ratio"))
+    report="minixl.experiments.char_transformer:race_ratio",
+    measured=("seconds",)))
 
 register(Experiment(
     "depth", "minixl.experiments.aux_losses:depth_sweep", "book/depth_sweep.csv",
@@ -242,7 +268,9 @@ register(Experiment(
      Option("seq_len", int, 32, "window length in bytes"),
      Option("batch_size", int, 16, "windows per step"),
      Option("lr", float, 2e-3, "peak learning rate"),
-     Option("eval_bytes", int, 8192, "held-out bytes scored at the end of each run"))))
+     Option("eval_bytes", int, 8192, "held-out bytes scored at the end of each run"),
+     _THREADS),
+    measured=("seconds",)))
 
 register(Experiment(
     "shaw_cost", "minixl.experiments.relative_attention:shaw_cost", "book/bench_shaw.csv",
@@ -252,7 +280,8 @@ register(Experiment(
             "on CUDA 64 to 1024)"),
      Option("clips", str, "4,16", "comma-separated clipping distances k"),
      Option("repeats", int, 5, "timed runs per point (the fastest is kept)"), DEVICE),
-    ("T", "max_relative", "device", "bucket_ms", "gathered_ms", "fastest", "chosen")))
+    ("T", "max_relative", "device", "bucket_ms", "gathered_ms", "fastest", "chosen"),
+    measured=("bucket_ms", "gathered_ms", "fastest")))
 
 register(Experiment(
     "xl_eval_speed", "minixl.experiments.transformer_xl:xl_eval_speed",
@@ -269,7 +298,8 @@ register(Experiment(
      Option("d_inner", int, 256, "feed-forward width"),
      Option("passes", int, 8, "timed forward passes (windows or segments) per protocol and "
             "length"),
-     Option("seed", int, 0, "seed of the weights and the bytes"), _THREADS, _CUDA_DEVICE)))
+     Option("seed", int, 0, "seed of the weights and the bytes"), _THREADS, _CUDA_DEVICE),
+    measured=("sliding_us", "states_us", "kv_us", "measured_states", "measured_kv")))
 
 register(Experiment(
     "xl_order", "minixl.experiments.transformer_xl:xl_order", "book/xl_order.csv",
@@ -288,7 +318,8 @@ register(Experiment(
      Option("warmup", int, 3, "untimed steps of each first"),
      Option("rounds", int, 3, "rounds, alternating between the two"), DEVICE),
     ("preset", "device", "dtype", "batch_size", "tgt_len", "mem_len", "minixl_tokens_per_s",
-     "hf_tokens_per_s", "ratio")))
+     "hf_tokens_per_s", "ratio"),
+    measured=("minixl_tokens_per_s", "hf_tokens_per_s", "ratio")))
 
 register(Experiment(
     "xlnet_memory", "minixl.experiments.xlnet:xlnet_memory", "book/xlnet_memory.csv",
@@ -303,7 +334,8 @@ register(Experiment(
      Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
      _THREADS),
     ("arm", "seed", "bpc_windows", "bpc_memory", "bpc_infill", "last_train_bpc",
-     "train_seconds")))
+     "train_seconds"),
+    measured=("train_seconds",)))
 
 register(Experiment(
     "xlnet_k_cost", "minixl.experiments.xlnet:xlnet_k_cost", "book/xlnet_k_cost.csv",
@@ -315,7 +347,8 @@ register(Experiment(
      Option("batch_size", int, 16, "sequences of 64 bytes per step"), _THREADS,
      _CUDA_DEVICE),
     ("K", "n_predict", "fastest_ms", "median_ms", "fastest_ratio", "median_ratio", "gflops",
-     "content_gflops", "query_gflops", "flops_ratio")))
+     "content_gflops", "query_gflops", "flops_ratio"),
+    measured=("fastest_ms", "median_ms", "fastest_ratio", "median_ratio")))
 
 register(Experiment(
     "xlnet_objectives", "minixl.experiments.xlnet:xlnet_objectives",
@@ -328,7 +361,8 @@ register(Experiment(
      Option("eval_bytes", int, 16384, "held-out bytes scored at the end of each run"),
      _THREADS),
     ("arm", "seed", "bpc_infill", "bpc_infill_independent", "bpc_infill_causal",
-     "bpc_left_to_right", "train_seconds")))
+     "bpc_left_to_right", "train_seconds"),
+    measured=("train_seconds",)))
 
 register(Experiment(
     "xlnet_control", "minixl.experiments.xlnet:pair_control", "book/xlnet_control.csv",
@@ -350,7 +384,8 @@ register(Experiment(
      Option("methods", str, "segtree,segtree-gathered,dense-fused,dense-written,"
             "segtree-projections", "comma-separated layers to measure"), DEVICE),
     ("method", "n", "seconds", "median_seconds", "peak_mb"),
-    report="minixl.experiments.segtree:bench_report"))
+    report="minixl.experiments.segtree:bench_report",
+    measured=("seconds", "median_seconds", "peak_mb")))
 
 register(Experiment(
     "segtree_quality", "minixl.experiments.segtree:segtree_quality", "book/segtree_quality.csv",
@@ -367,7 +402,8 @@ register(Experiment(
      Option("max_relative", int, 64, "the Shaw model's clipping distance"),
      Option("eval_bytes", int, 32768, "held-out bytes scored at the end of each run"),
      _THREADS),
-    ("arm", "window", "seed", "params", "valid_bpc", "train_seconds")))
+    ("arm", "window", "seed", "params", "valid_bpc", "train_seconds"),
+    measured=("train_seconds",)))
 
 register(Experiment(
     "segtree_reach", "minixl.experiments.segtree:segtree_reach", "book/segtree_reach.csv",
@@ -411,7 +447,8 @@ register(Experiment(
             "of it at other distances, say); --csv then names a reach.csv in a folder of its "
             "own")),
     ("arm", "length", "seed", "params", "steps", "own_protocol", "own_bpc", "common_bpc",
-     "train_seconds"), beside=True))
+     "train_seconds"), beside=True,
+    measured=("train_seconds", "seconds", "ended")))
 
 register(Experiment(
     "bench_cost", "minixl.experiments.bench_cost:bench_cost", "book/bench/cost.csv",
@@ -433,4 +470,6 @@ register(Experiment(
      _THREADS),
     ("arm", "length", "shape", "params", "segment", "fits", "train_peak_mb", "train_ms_per_byte",
      "read_ms_per_byte", "generate_ms_per_byte", "note"),
-    report="minixl.experiments.bench_cost:report", beside=True))
+    report="minixl.experiments.bench_cost:report", beside=True,
+    measured=("train_peak_mb", "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
+              "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest")))

@@ -7,20 +7,23 @@ imported inside the functions, so that importing this module costs nothing.
 
 from __future__ import annotations
 
-from . import int_list, keep_row
+from . import int_list, keep_row, pins_threads
 
 __all__ = ["depth_sweep"]
 
 
+@pins_threads
 def depth_sweep(depths: str = "4,16,32", norms: str = "pre,post", seeds: str = "0,1,2",
                 steps: int = 150, d_model: int = 32, seq_len: int = 32, batch_size: int = 16,
-                lr: float = 2e-3, eval_bytes: int = 8192, corpus: str = "pydoc") -> list[dict]:
+                lr: float = 2e-3, eval_bytes: int = 8192, threads: int = 1,
+                corpus: str = "pydoc") -> list[dict]:
     """Chapter 2: do intermediate-layer losses make deep stacks trainable?
 
     For every depth x norm ("pre" | "post") x seed, train a CharTransformer twice on the same
     batches, with every position of the last layer only ("positions") and with the
     intermediate layer losses too ("positions+layers"); one row per run with its held-out bpc
-    (all positions of the first eval_bytes of the validation split) and its wall time.
+    (all positions of the first eval_bytes of the validation split) and its wall time, on
+    `threads` torch threads.
     """
     import time
 

@@ -8,18 +8,20 @@ imported inside the functions, so that importing this module costs nothing.
 
 from __future__ import annotations
 
-from . import int_list, keep_row
+from . import int_list, keep_row, pins_threads
 
 __all__ = ["positions", "nanogpt_race", "race_ratio"]
 
 
-def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200,
+@pins_threads
+def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threads: int = 1,
               corpus: str = "pydoc") -> list[dict]:
     """Chapter 1, exercise 5: per-layer position tables against one sinusoid, by depth.
 
     Section 1.7's run (width 128, 4 heads, windows of 128, 16 per step, Chapter 1's loop
     through `minixl.train`, which gives the same weights) for every depth x seed x kind of
-    position; one row per run with its held-out bpc over the whole validation split.
+    position; one row per run with its held-out bpc over the whole validation split. It
+    runs on `threads` torch threads (a product's rounding depends on how many share it).
     """
     import time
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import int_list, keep_row, torch_threads
+from . import int_list, keep_row, pins_threads, torch_threads
 
 __all__ = ["segtree_bench", "bench_report", "segtree_quality", "flag_batch", "flag_question",
            "WindowClassifier", "flag_reach", "recall_records", "segtree_reach"]
@@ -195,6 +195,7 @@ def _local_shaw(max_relative: int, width: int):
                                     dropout=config.dropout)
 
 
+@pins_threads
 def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtree,segtree-post",
                     post_windows: str = "256", shaw_windows: str = "256,512,1024",
                     seeds: str = "0,1,2", steps: int = 150,
@@ -213,7 +214,6 @@ def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtr
     from ..data import RandomWindows, load_corpus
     from ..training import TrainConfig, train
 
-    torch.set_num_threads(threads)
     names = [a.strip() for a in arms.split(",") if a.strip()]
     corpus = load_corpus("pydoc")
     held = corpus.valid[:eval_bytes]
@@ -417,6 +417,7 @@ def _question_rows(arms: dict, steps: int, seed: int, n: int = 64) -> list[dict]
     return rows
 
 
+@pins_threads
 def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
                   steps: int = 600, question_steps: int = 800, batch_size: int = 8,
                   lr: float = 3e-3, seeds: str = "0", question_seeds: str = "0,1,2",
@@ -438,7 +439,6 @@ def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
     from ..segtree import SegTreeConfig, SegTreeTransformer
     from ..training import TrainConfig, train
 
-    torch.set_num_threads(threads)
     word = 6
     train_data, _ = recall_records(4000, filler=filler, seed=0)
     valid_data, second = recall_records(400, filler=filler, seed=1)

@@ -8,7 +8,7 @@ imported inside the functions, so that importing this module costs nothing.
 
 from __future__ import annotations
 
-from . import int_list, keep_row
+from . import int_list, keep_row, pins_threads
 
 __all__ = ["eval_flops_per_byte", "xl_eval_speed", "xl_order", "hf_xl", "hf_transfoxl", "HF_VERSION"]
 
@@ -42,6 +42,7 @@ def eval_flops_per_byte(protocol: str, A: int, *, n_layer: int, d_model: int, n_
     return total / (1 if protocol == "sliding" else tgt_len)
 
 
+@pins_threads
 def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
                   tgt_len: int = 32, n_layer: int = 3, d_model: int = 64, n_head: int = 4,
                   d_head: int = 16, d_inner: int = 256, passes: int = 8, seed: int = 0,
@@ -76,7 +77,6 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
         shape = kind_of("xl").preset(preset)[0]
         sizes = {k: getattr(shape, k) for k in sizes}
     dev = resolve_device(device)
-    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     model = TransformerXL(TransformerXLConfig(**sizes, tgt_len=tgt_len, mem_len=0)).to(dev).eval()
     g = torch.Generator().manual_seed(seed)
@@ -121,6 +121,7 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
     return rows
 
 
+@pins_threads
 def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
              threads: int = 1, corpus: str = "pydoc") -> list[dict]:
     """Chapter 4.8: why recurrence did not help. Four arms of Chapter 4's 3 x 64 model on
@@ -144,7 +145,6 @@ def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
     if min(steps, eval_bytes) < 64:
         raise ValueError(f"steps and eval_bytes must be >= 64; got steps={steps}, "
                          f"eval_bytes={eval_bytes}")
-    torch.set_num_threads(threads)
     data = load_corpus(corpus)
     held = data.valid[:eval_bytes + 1]
     small = dict(n_layer=3, d_model=64, n_head=4, d_head=16, d_inner=256, tgt_len=32,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from . import int_list, keep_row, torch_threads
+from . import int_list, keep_row, pins_threads, torch_threads
 
 # Chapter 5.8's model: 2 layers of width 64, windows of 64 bytes, K about 6
 SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256, seq_len=64, n_predict=11)
@@ -41,13 +41,10 @@ def _pick(arms: str | None, table: dict) -> list[str]:
     return chosen
 
 
-def _held_out(threads: int, corpus: str, eval_bytes: int):
-    """One thread count for the run, the corpus, and its first eval_bytes held-out bytes."""
-    import torch
-
+def _held_out(corpus: str, eval_bytes: int):
+    """The corpus, and its first eval_bytes held-out bytes."""
     from ..data import load_corpus
 
-    torch.set_num_threads(threads)
     data = load_corpus(corpus)
     return data, data.valid[:eval_bytes]
 
@@ -67,6 +64,7 @@ def _train(model, batches, objective: str, seed: int, steps: int):
     return result, time.perf_counter() - t0
 
 
+@pins_threads
 def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
                  arms: str | None = None, eval_bytes: int = 16384, threads: int = 1,
                  corpus: str = "pydoc") -> list[dict]:
@@ -90,7 +88,7 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
         raise ValueError(f"steps and mem_len must be >= 1 and eval_bytes >= "
                          f"{4 * SMALL['seq_len']}; got steps={steps}, mem_len={mem_len}, "
                          f"eval_bytes={eval_bytes}")
-    data, held = _held_out(threads, corpus, eval_bytes)
+    data, held = _held_out(corpus, eval_bytes)
     kind = KINDS["xlnet"]
     rows = []
     for seed in seed_list:
@@ -232,6 +230,7 @@ def _source(kind, text, config, seed: int, batches: str):
     return kind.batches(text, 16, config, seed=seed)
 
 
+@pins_threads
 def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch_size: int = 16,
                  threads: int = 1, device: str = "cpu") -> list[dict]:
     """Chapter 5.5: the cost of a training step against K (n_predict = seq_len // K) for the
@@ -257,7 +256,6 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
                          f"seq_len {T} with fewer targets (n_predict = {T} // K); got {ks}")
     if rounds < 1 or steps < 1:
         raise ValueError(f"rounds and steps must be >= 1, got {rounds} and {steps}")
-    torch.set_num_threads(threads)
     sizes = {k: v for k, v in SMALL.items() if k != "n_predict"}
     runs = {}
     for k in k_list:
@@ -330,6 +328,7 @@ MORE_OBJECTIVE_ARMS = {
 }
 
 
+@pins_threads
 def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = None,
                      eval_bytes: int = 16384, threads: int = 1,
                      corpus: str = "pydoc") -> list[dict]:
@@ -357,7 +356,7 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
     if steps < 1 or eval_bytes < 4 * T:
         raise ValueError(f"steps must be >= 1 and eval_bytes >= {4 * T}; got steps={steps}, "
                          f"eval_bytes={eval_bytes}")
-    data, held = _held_out(threads, corpus, eval_bytes)
+    data, held = _held_out(corpus, eval_bytes)
     kind = KINDS["xlnet"]
     rows = []
     for seed in seed_list:
