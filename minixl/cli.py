@@ -38,7 +38,8 @@ __all__ = ["main", "build_parser"]
 ERRORS = (ValueError, CheckpointError, DownloadError, OSError)  # bad input: exit code 2
 EPILOG = ("exit codes: 0 done, 2 bad input, 3 training diverged, 4 the run folder could not "
           "be written (disk full, file too large, no permission, I/O error; the last checkpoint "
-          "is kept), 130/143 stopped by SIGINT/SIGTERM (checkpoint saved)")
+          "is kept), 130/143 stopped by SIGINT/SIGTERM (checkpoint saved); under torchrun, "
+          "torchrun's 1 for any of these, minixl's code in its report")
 
 # The trainer's settings (minixl.training.TrainConfig) a flag may override; unset flags
 # keep the preset's value.
@@ -313,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     device, model = parent(DEVICE), _model_parent()
 
     t = sub.add_parser("train", parents=[model, device], help="train a model; writes a run "
-                       "folder")
+                       "folder", epilog=EPILOG)
     t.add_argument("--corpus", help=CORPUS.help)
     t.add_argument("--out", help="run folder (default runs/PRESET, or runs/PRESET-MODEL)")
     add_options(t.add_argument_group("training settings (override the preset)"),

@@ -195,7 +195,7 @@ def test_sigterm_to_torchrun_stops_every_process_and_resumes_on_any_number(
             proc.kill()
             proc.communicate()
     stopped = load_checkpoint(part / "checkpoint.pt")["step"]
-    assert proc.returncode != 0, out + err
+    assert proc.returncode == 1, out + err  # torchrun's code after a signal (the README's)
     assert err.count("minixl: SIGTERM received; finishing the current step") == 1, err
     assert err.count(f"minixl train: SIGTERM: stopped after step {stopped}; checkpoint saved "
                      f"to {part / 'checkpoint.pt'}") == 1, err
@@ -235,3 +235,51 @@ def test_divergence_stops_every_process_at_the_same_step(tmp_path, small_corpus)
     # other, if still tearing down, it ends itself)
     assert "exitcode  : 3 " in r.stderr, r.stderr
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def _file_limit(size: int):
+    """For preexec_fn: files of torchrun and of the processes it starts may not grow past
+    `size` bytes; a write past it fails with EFBIG (SIGXFSZ ignored), as a full disk would."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, resource.getrlimit(
+            resource.RLIMIT_FSIZE)[1]))
+    return limit
+
+
+def test_a_failed_save_under_torchrun_stops_every_process_and_resumes_exactly(
+        tmp_path, small_corpus):
+    """Rank 0 alone writes; when the checkpoint of step 4 cannot be written (a file-size
+    limit), it tells the other process, both stop, the user reads the one line a single
+    process gives, the checkpoint of step 2 is kept, and `--resume` continues to the weights
+    a run never stopped holds, bit for bit."""
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    every = ("--ckpt-every", "2")
+    _run(_args("char", whole, small_corpus, 6, *every), processes=2)
+    _run(_args("char", out, small_corpus, 2, *every), processes=2)
+    kept, rows = (out / "checkpoint.pt").read_bytes(), (out / "metrics.csv").read_text()
+    size = len(kept)
+
+    r = subprocess.run([*TORCHRUN, "--monitor-interval", "2"] + _args(
+        "char", out, small_corpus, 6, *every, "--resume", "--allow-change", "steps"),
+        capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300,
+        preexec_fn=_file_limit(size // 2))
+    said = [line for line in r.stderr.splitlines() if line.startswith("minixl train:")]
+    assert len(said) == 1, r.stderr  # rank 0's line, once
+    assert said[0].startswith(f"minixl train: could not write the checkpoint of step 4 to "
+                              f"{out / 'checkpoint.pt'}: ") and "(EFBIG)" in said[0], said
+    assert f"the checkpoint of step 2 in {out / 'checkpoint.pt'} is kept" in said[0], said
+    assert not MINIXL_FRAME.search(r.stderr), r.stderr
+    # torchrun's own exit code is 1 for any failed worker; the worker's, minixl's 4 for a
+    # failed save, is in the report it prints
+    assert r.returncode == 1 and "exitcode  : 4 " in r.stderr, (r.returncode, r.stderr)
+    assert (out / "checkpoint.pt").read_bytes() == kept  # nothing lost
+    assert (out / "metrics.csv").read_text() == rows  # steps 3 and 4 are not in it
+    assert not list(out.glob("*.part"))
+
+    _run(_args("char", out, small_corpus, 6, *every, "--resume", "--allow-change", "steps"),
+         processes=2)
+    assert _losses(out) == _losses(whole)
+    _assert_close_checkpoints(out / "checkpoint.pt", whole / "checkpoint.pt", atol=0)
