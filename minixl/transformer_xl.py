@@ -340,9 +340,15 @@ class TransformerXL(nn.Module):
     def step(self, tokens: torch.Tensor, state=None, *, kv_cache: bool | None = None, **kw):
         """The model protocol (Chapter 1): the state is the memory. Returns (logits, state).
 
+        Without a memory (mem_len 0) the state is the last tgt_len - 1 bytes read instead
+        (a LongTensor [B, M]), the left context a call shorter than a segment reads again.
         kv_cache (section 4.11): carry the memory's keys and values (a KVCache) instead of its
         hidden states; None = do so in inference (eval mode, gradients off) only.
         """
+        mem_len = self._lengths(kw.get("mem_len"), kw.get("clamp_len"))[0]
+        if mem_len == 0 and (state is None or (torch.is_tensor(state)
+                                               and not state.is_floating_point())):
+            return self._window_step(tokens, state, **kw)
         if kv_cache is None:
             kv_cache = isinstance(state, KVCache) or not (self.training or torch.is_grad_enabled())
         if kv_cache:
@@ -352,6 +358,15 @@ class TransformerXL(nn.Module):
                              "cannot be turned back into hidden states; continue with "
                              "kv_cache=True or start from state=None")
         return self(tokens, state, **kw)
+
+    def _window_step(self, tokens: torch.Tensor, state: torch.Tensor | None, **kw):
+        """step without a memory, as Chapter 1's model steps: re-read as many of the bytes in
+        state as fit in one segment with the tokens, and keep the last tgt_len - 1 read."""
+        T, window = tokens.size(1), self.config.tgt_len
+        keep = 0 if state is None else min(state.size(1), max(0, window - T))
+        context = tokens if keep == 0 else torch.cat([state[:, state.size(1) - keep:], tokens], 1)
+        logits, _ = self(context, **kw)
+        return logits[:, keep:], context[:, max(0, context.size(1) - window + 1):]
 
     @torch.no_grad()
     def update_mems(self, inputs: list[torch.Tensor], mems: list[torch.Tensor],

@@ -1,6 +1,7 @@
 """minixl.check.kind, the checks every model kind must pass: the book's five pass them, a
 student's GRU kind passes them, and each check fails, saying what is wrong, on a kind that
-breaks its rule (a state not batch-first, a model that reads the future, a random generator the checkpoint does not keep)."""
+breaks its rule (a state not batch-first, a model that reads the future, a state that forgets
+the bytes read, a random generator the checkpoint does not keep)."""
 
 from dataclasses import dataclass, replace
 
@@ -18,7 +19,7 @@ from minixl.kinds import KINDS
 def test_the_books_kinds_pass_every_check(name, capsys):
     assert check.kind(KINDS[name], config=TINY_CONFIGS[name]), capsys.readouterr().out
     out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS") + out.count("SKIP") == 5, out
+    assert "FAIL" not in out and out.count("PASS") + out.count("SKIP") == 6, out
 
 
 @dataclass
@@ -29,6 +30,7 @@ class RecurrentConfig:
     batch_first: bool = True  # the state as the trainer needs it: rows along dim 0
     detach: bool = True
     peek: bool = False  # read the next byte too (a leak)
+    forget: bool = False  # start every call afresh: the state it is given goes unread
     noise: bool = False  # dropout-like noise from a generator of its own
 
 
@@ -44,8 +46,8 @@ class Recurrent(nn.Module):
         self.gen = torch.Generator().manual_seed(0)  # not in any checkpoint
 
     def step(self, tokens, state=None):
-        h = None if state is None else state.transpose(0, 1).contiguous() \
-            if self.config.batch_first else state
+        h = None if state is None or self.config.forget else \
+            state.transpose(0, 1).contiguous() if self.config.batch_first else state
         x = self.emb(tokens)
         if self.config.peek:
             x = x + self.emb(tokens.roll(-1, dims=1))
@@ -69,6 +71,9 @@ def test_a_students_recurrent_kind_passes(capsys):
                              "for an input of 6 rows: every tensor of a state must have the "
                              "batch as its first dimension"),
     ({"peek": True}, "gru, no leakage: the logits at position 3 change"),
+    ({"forget": True}, "gru, sampling through the window: the logits of byte 4 of a 8-byte "
+                       "prompt fed to step() piece by piece (the first 4 bytes, then one at a "
+                       "time, as generate feeds its samples) differ by"),
     ({"noise": True}, "gru, resume: trained 4 steps unbroken, and 2 then resumed from the "
                       "checkpoint for 2, the weights differ"),
 ])
@@ -102,3 +107,11 @@ def test_an_unregistered_kind_with_a_protocol_of_its_own_is_checked_by_its_own_l
     last = Protocol("all-again", PROTOCOLS["all-positions"].score, "the same, renamed")
     mine = replace(KINDS["char"], name="mine", protocols=(last, "all-positions"))
     assert check.kind(mine, config=TINY_CONFIGS["char"]), capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["xl", "xlnet"])
+def test_the_memory_kinds_without_their_memory_sample_through_their_window(name, capsys):
+    """--mem-len 0: no memory to carry, so the state must carry the last bytes (a
+    Transformer-XL that kept nothing sampled each byte from one byte of context)."""
+    assert check.kind(KINDS[name], config={**TINY_CONFIGS[name], "mem_len": 0}), \
+        capsys.readouterr().out

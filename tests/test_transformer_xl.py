@@ -333,6 +333,28 @@ def test_generate_with_short_memory_matches_its_own_recurrence():
     assert torch.equal(out, tokens[0])
 
 
+def test_generate_without_memory_samples_through_the_window_it_trained_on():
+    """mem_len 0: each sampled byte is read with the tgt_len - 1 bytes before it (one pass
+    over the last tgt_len), not alone; a whole segment still reads only itself."""
+    torch.manual_seed(0)
+    model = sharpened(TransformerXL(tiny(mem_len=0))).eval()  # tgt_len 8
+    prompt = encode("abcdefghijk")
+    out = generate(model, prompt, 12, generator=torch.Generator().manual_seed(3))
+    g, tokens = torch.Generator().manual_seed(3), prompt[None]
+    with torch.no_grad():
+        for _ in range(12):
+            logits, _ = model(tokens[:, -8:], mem_len=0)
+            tokens = torch.cat([tokens, sample_next(logits[:, -1], generator=g)], 1)
+        assert torch.equal(out, tokens[0])
+        alone, _ = model(tokens[:, -1:], mem_len=0)  # what the old state (none) gave
+        assert not torch.allclose(alone[:, -1], logits[:, -1], atol=1e-3)
+        x = tokens[:, :16]  # training's segments: the second reads nothing of the first
+        first, state = model.step(x[:, :8])
+        second, state = model.step(x[:, 8:], state)
+        assert torch.equal(state, x[:, 9:])  # the last tgt_len - 1 bytes
+        torch.testing.assert_close(second, model(x[:, 8:], mem_len=0)[0])
+
+
 def test_xl_run_from_the_cli_evaluates_with_longer_memory_and_samples(xl_run, small_corpus,
                                                                      capsys):
     ckpt = load_checkpoint(xl_run / "checkpoint.pt")

@@ -11,8 +11,13 @@ checkpoints and the evaluation protocols will:
    splits them by rows for --grad-accum and across processes), unchanged through a
    checkpoint (the trainer detaches it between steps: a model need not);
 3. no leakage: where the kind is causal, no logit changes when a later byte does;
-4. each evaluation protocol it declares scores a short random text;
-5. a tiny run stopped at its checkpoint and resumed ends bit-exactly as one never stopped.
+4. sampling reads the window the model was trained on: a prompt as long as the model's
+   window fed through ``step`` piece by piece (its first half, then one byte at a time, as
+   `generate` feeds what it samples) gives the logits of one pass over it, within float
+   rounding (Hugging Face tests incremental decoding against a full pass the same way); a
+   model whose state forgets the bytes it read fails it;
+5. each evaluation protocol it declares scores a short random text;
+6. a tiny run stopped at its checkpoint and resumed ends bit-exactly as one never stopped.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ def kind(model_kind, *, config: dict | None = None, steps: int = 4) -> bool:
               f"{type(err).__name__}: {err}")
         return False
     checks = [("model protocol", _protocol), ("state", _state), ("no leakage", _leakage),
-              ("evaluation protocols", _protocols), ("resume", _resume)]
+              ("sampling through the window", _sampling), ("evaluation protocols", _protocols),
+              ("resume", _resume)]
     ok = True
     for name, check in checks:
         try:
@@ -138,6 +144,35 @@ def _leakage(k, model, build, preset, steps):
         return (f"the logits at position {first} change (by {moved[first]:.2g}) when only "
                 f"bytes {t} on change: the model reads the future (a causal mask missing, or "
                 "a kind that is not causal should say causal=False)")
+    return None
+
+
+def _sampling(k, model, build, preset, steps):
+    if not k.causal:  # it reads both ways: one pass is not what left-to-right sampling sees
+        return "skip"
+    model.eval()
+    x = _tokens(model, k)[:2]
+    W, half = x.size(1), x.size(1) // 2
+    with torch.no_grad():
+        whole, _ = model.step(x, None)
+        logits, state = model.step(x[:, :half], None)
+        parts = [logits]
+        for i in range(half, W):
+            logits, state = model.step(x[:, i:i + 1], state)
+            parts.append(logits)
+    pieces = torch.cat(parts, dim=1).float()
+    if pieces.shape != whole.shape:
+        return (f"fed piece by piece, step() gave logits for {pieces.size(1)} positions of a "
+                f"{W}-byte prompt (one per byte fed, {W}, expected)")
+    gap = (pieces - whole.float()).abs().amax(dim=(0, 2))
+    tol = 1e-4 * max(1.0, whole.float().abs().amax().item())
+    if gap.max() > tol:
+        first = int((gap > tol).nonzero()[0])
+        return (f"the logits of byte {first} of a {W}-byte prompt fed to step() piece by piece "
+                f"(the first {half} bytes, then one at a time, as generate feeds its samples) "
+                f"differ by {gap[first]:.2g} from one pass over the prompt: the state does not "
+                "carry what the model reads in one pass, so sampling forgets its window (a "
+                "model without memory must carry its last bytes, as CharTransformer.step does)")
     return None
 
 
