@@ -421,6 +421,43 @@ def test_signs_units_precision_references_and_markers(tmp_path):
     assert len(unused) == 1 and "a marker lists 2.5" in unused[0], unused
 
 
+def test_a_short_number_must_be_printed_near_and_a_long_one_anywhere_above(tmp_path):
+    """A number of fewer than 4 significant digits is matched only by the code cells of its
+    own section (or of one its cell names): 0.84 two sections down is a coincidence."""
+    book = _book_module()
+    book.ROOT = tmp_path
+    cells = ["## 9.1 First\n\nA run.", ("ratio 0.84, mean 3.7038\n",),
+             "Here the ratio is 0.84 and the mean 3.7038.\n\n## 9.2 Second\n\nAnother run.",
+             ("speed 12.5\n",)]
+
+    def problems(*prose):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = []
+        for c in [*cells, *prose]:
+            if isinstance(c, tuple):
+                code = nbformat.v4.new_code_cell("print(...)")
+                code.outputs = [nbformat.v4.new_output("stream", name="stdout", text=c[0])]
+                nb.cells.append(code)
+            else:
+                nb.cells.append(nbformat.v4.new_markdown_cell(c))
+        md, ipynb = tmp_path / "99_numbers.md", tmp_path / "99_numbers.ipynb"
+        nbformat.write(nb, ipynb)
+        md.write_text("\n\n".join(c if isinstance(c, str) else "```{code-cell}\nprint(...)\n```"
+                                   for c in [*cells, *prose]) + "\n")
+        return book.quoted_number_problems(md, ipynb)
+
+    assert problems() == []  # 0.84 in its own section
+    far = problems("Back to the ratio, 0.84, and the mean, 3.7038.")
+    assert len(far) == 1 and "0.84 is printed only far above it (code cell 0" in far[0], far
+    assert "fewer than 4 digits may match there by chance" in far[0]
+    assert problems("As section 9.1 measured, the ratio is 0.84.") == []  # it names the cell's
+    assert [book._significant(t) for t in ("0.84", "0.840", "3.7038", "8,570", "12.5%",
+                                          "-0.047", "1.61x")] == [2, 3, 5, 4, 3, 2, 3]
+    # prose after a heading in the same cell belongs to the new section
+    heading = problems("Nothing.\n\n## 9.3 Third\n\nThe speed, 12.5 there.")
+    assert len(heading) == 1 and "12.5 is printed only far above it (code cell 1" in heading[0]
+
+
 def test_a_number_from_another_chapter_is_found_in_its_outputs(tmp_path):
     book = _book_module()
     book.ROOT, book.NBS = tmp_path, tmp_path

@@ -23,7 +23,11 @@ from .paths import BOOK, NBS, ROOT, chapters
 #                                 a stored output of the chapter
 #     <!-- from chapter 1: 4.75 -->   numbers another chapter prints: found in its outputs
 # Each entry of a marker covers one quotation of its number in the cell, and an entry the
-# cell does not quote is an error. Section references (section 4.6, Chapters 2 and 3),
+# cell does not quote is an error. A short number (fewer than ENOUGH significant digits:
+# 0.84, 12.5%) could match an unrelated output by chance, so it must be printed near: by a
+# code cell of its own section (since the last "## " heading; the cell just above it too) or
+# of a section its markdown cell names ("section 4.6"). A longer one may come from any
+# cell above it. Section references (section 4.6, Chapters 2 and 3),
 # headings, code, math and links are not quoted numbers. Every chapter is under the check.
 
 _UNIT = r"(?:[x\u00d7%]|[MKG](?![A-Za-z]))?"
@@ -34,6 +38,10 @@ _ANY_NUMBER = re.compile(r"(?<![0-9A-Za-wyz_.,])[-\u2212+]?(?:\d{1,3}(?:,\d{3})+
                          r"(?:[eE][-+]?\d+)?(?![\d,]*\d)")
 _MARKER = re.compile(r"<!--\s*(paper|given|derived|from\s+chapter\s+\d+)\s*:(.*?)-->",
                      re.S | re.I)
+ENOUGH = 4  # significant digits that a match anywhere above does not owe to chance
+_HEADING = re.compile(r"^## +(?:(\d+(?:\.\d+)*)\b)?", re.M)
+_NAMED_SECTIONS = re.compile(r"\b[Ss]ections?\s+(\d+\.\d+(?:(?:,\s*|\s+and\s+|\s+or\s+)"
+                             r"\d+\.\d+)*)")
 _ABOUT = re.compile(r"\b(?:about|roughly|around|nearly|almost|some)\s+$")
 _FENCED = re.compile(r"```.*?```", re.S)
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -107,6 +115,13 @@ def _matches(token: str, printed, about: bool = False, scale: int = 0) -> bool:
     return any(p + scale >= max(places, 0)
                and _close(y / 10 ** scale if signed else abs(y) / 10 ** scale, v, places)
                for y, p, _ in printed)
+
+
+def _significant(token: str) -> int:
+    """Significant digits of a quoted number: 0.840 has 3, 8,570 has 4, 12.5% has 3."""
+    digits = re.sub(r"[^\d.]", "", token.split("e")[0].split("E")[0])
+    whole, _, frac = digits.partition(".")
+    return len((whole + frac).lstrip("0")) if whole.strip("0") else len(frac.lstrip("0"))
 
 
 def _arithmetic(expr: str) -> float:
@@ -184,15 +199,27 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
     everything = [n for numbers in per_cell for n in numbers]
     other_chapters: dict[int, list] = {}  # chapter number -> its printed numbers, read once
     problems, above, code_cell, pos = [], [], 0, 0
+    section, by_section, here, last = None, {}, [], []  # the code cells near the prose
     for cell in cells:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code":
             # the numbers printed by the code cells so far (or by the last one)
             above = above + per_cell[code_cell] if cumulative else per_cell[code_cell]
+            last = per_cell[code_cell]
+            here = here + [code_cell]
+            by_section.setdefault(section, []).append(code_cell)
             code_cell += 1
             continue
         if cell["cell_type"] != "markdown":
             continue
+        headings = list(_HEADING.finditer(_blank(source, _FENCED)))
+        named = {n for m in _NAMED_SECTIONS.finditer(source)
+                 for n in re.findall(r"\d+\.\d+", m.group(1))}
+        named_cells = {c for name in named for c in by_section.get(name, [])}
+        # prose before a heading in this cell is near its own section's cells; after it, a
+        # new section has printed nothing yet
+        near_above = last + [n for c in sorted(set(here) | named_cells) for n in per_cell[c]]
+        near_below = [n for c in sorted(named_cells) for n in per_cell[c]]
         at = md_text.find(source, pos)
         pos = at + len(source) if at >= 0 else pos
         first_line = md_text.count("\n", 0, at) + 1 if at >= 0 else 0
@@ -240,13 +267,25 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
                 continue
             about = bool(_ABOUT.search(prose[max(0, m.start() - 12):m.start()]))
             scale = {"K": 3, "M": 6, "G": 9}.get(prose[m.end():m.end() + 1], 0)
-            if _matches(token, above, about=about, scale=scale):
+            short = cumulative and _significant(token) < ENOUGH
+            near = near_below if headings and headings[0].start() < m.start() else near_above
+            if _matches(token, near if short else above, about=about, scale=scale):
+                continue
+            line = first_line + source.count("\n", 0, m.start())
+            if short and _matches(token, above, about=about, scale=scale):
+                far = next(c for c in range(code_cell) if _matches(
+                    token, per_cell[c], about=about, scale=scale))
+                problems.append(
+                    f"{where}:{line}: {token} is printed only far above it (code cell {far}, "
+                    f"not in its section or a section it names), and a number of fewer than "
+                    f"{ENOUGH} digits may match there by chance, in: \""
+                    f"{_sentence(source, m.start(), m.end())}\" (quote it with more digits, "
+                    f"name the section that prints it, or print it again near)")
                 continue
             v = _value(token)
-            near = sorted(((abs(y - v), printed, c) for c, numbers in enumerate(per_cell[:code_cell])
-                           for y, _, printed in numbers))[:3]
-            hint = ", ".join(f"{p} (code cell {c})" for _, p, c in near) or "no outputs above"
-            line = first_line + source.count("\n", 0, m.start())
+            closest = sorted(((abs(y - v), printed, c) for c, numbers in
+                              enumerate(per_cell[:code_cell]) for y, _, printed in numbers))[:3]
+            hint = ", ".join(f"{p} (code cell {c})" for _, p, c in closest) or "no outputs above"
             problems.append(
                 f"{where}:{line}: {token} is not in the stored outputs above it (closest: "
                 f"{hint}) in: \"{_sentence(source, m.start(), m.end())}\" (mark a paper's "
@@ -256,6 +295,8 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
             if left > 0:
                 problems.append(f"{where}:{first_line}: a marker lists {token}, which this "
                                 "markdown cell does not quote (as often)")
+        if headings:  # the section the next cells belong to
+            section, here, last = headings[-1].group(1), [], []
     return problems
 
 
