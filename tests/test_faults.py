@@ -352,6 +352,127 @@ def test_a_run_killed_at_a_random_moment_resumes_exactly(tmp_path, small_corpus,
     _resumed_exactly(out, unbroken_long, small_corpus, LONG_STEPS)
 
 
+# `python -c KILL_AT STEP WRITE ARGV...`: minixl's command line, in a process that kills
+# itself (SIGKILL) at the WRITE-th write to its run folder after the batch of step STEP
+# (0-based) is read, WRITE 0 being the batch itself. A write is a chunk of a checkpoint, a
+# rename, a metrics row or a plot, so a (STEP, WRITE) drawn from a seed lands the kill in a
+# step, a save, a row or a plot, and in the same place every time: a failure is repeatable.
+KILL_AT = """
+import os, signal, sys
+from minixl import checkpoint, data
+from minixl.training import run_folder
+from minixl.cli import main
+step, write = int(sys.argv[1]), int(sys.argv[2])
+seen = {"armed": False, "writes": 0}
+def event():
+    if seen["armed"]:
+        if seen["writes"] == write:
+            os.kill(os.getpid(), signal.SIGKILL)
+        seen["writes"] += 1
+def counted(real):
+    def call(*args, **kwargs):
+        event()
+        return real(*args, **kwargs)
+    return call
+for cls in (data.RandomWindows, data.OrderedStreams):
+    def batch(self, i, real=cls.__call__):
+        if i == step and not seen["armed"]:
+            seen["armed"] = True
+            event()
+        return real(self, i)
+    cls.__call__ = batch
+checkpoint._Writer.write = counted(checkpoint._Writer.write)
+os.replace = counted(os.replace)
+run_folder.RunFolder.write = counted(run_folder.RunFolder.write)
+run_folder.RunFolder.plot = counted(run_folder.RunFolder.plot)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _started_afresh(out: Path, whole: Path, corpus: Path, stopped: str) -> None:
+    """A plain re-run into `out`, which holds only what a run killed before its first
+    checkpoint left: it says so in one line, starts afresh and ends as `whole` did."""
+    again = _run(out, corpus, STEPS)
+    assert again.returncode == 0, again.stderr
+    line = (f"{out} held only what a run stopped before its first checkpoint left ({stopped}, "
+            "no checkpoint): starting afresh")
+    assert again.stdout.count(line) == 1, again.stdout
+    assert _losses(out) == _losses(whole)
+    mine, theirs = _weights(out), _weights(whole)
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    assert not list(out.glob("*.part"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+def test_a_run_killed_at_a_seeded_step_and_write_resumes_exactly(tmp_path, small_corpus,
+                                                                 unbroken, seed):
+    """The random kill above, placed by a seed instead of the clock."""
+    import random
+
+    rng = random.Random(seed)
+    step, write = rng.randrange(STEPS), rng.randrange(60)
+    out = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILL_AT, str(step), str(write),
+                             *_cli(out, small_corpus, STEPS, "--ckpt-every", "2")[3:]],
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    where = f"killed at write {write} after the batch of step {step}"
+    if killed.returncode == 0:  # the run wrote fewer than `write` times after that step
+        assert _losses(out) == _losses(unbroken), where
+        return
+    assert killed.returncode == -signal.SIGKILL, (where, killed.stderr)
+    if (out / "checkpoint.pt").exists():
+        _resumed_exactly(out, unbroken, small_corpus)
+    else:
+        _started_afresh(out, unbroken, small_corpus, _stopped(out))
+
+
+def _stopped(out: Path) -> str:
+    """What the folder's line names: the last whole row of metrics.csv (the kill may have
+    cut the one after it short)."""
+    header, *lines = (out / "metrics.csv").read_text().splitlines()
+    rows = [line for line in lines if line.count(",") == header.count(",")]
+    return f"metrics.csv to step {rows[-1].split(',')[0]}" if rows else "metrics.csv without a row"
+
+
+@pytest.mark.slow
+def test_a_folder_left_by_a_run_killed_before_its_first_checkpoint_starts_afresh(
+        tmp_path, small_corpus, unbroken):
+    """SIGKILL as the batch of step 2 is read, before the first save (at step 2): the folder
+    holds metrics.csv and nothing else. --resume says there is nothing to resume and how to
+    start afresh; a file of the user's beside it still stops a plain run; without it the
+    run starts afresh, saying so. The same after a first save killed half-way (its .part)."""
+    from conftest import signalled_at
+
+    out = tmp_path / "run"
+    killed = subprocess.run(signalled_at(1, "SIGKILL", _cli(out, small_corpus, STEPS,
+                                                            "--ckpt-every", "2")[3:]),
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv"]
+    resumed = _run(out, small_corpus, STEPS, "--resume")
+    assert resumed.returncode == 2
+    assert _one_line(resumed) == (
+        f"minixl train: error: --resume: there is no checkpoint at {out / 'checkpoint.pt'} to "
+        "resume from: the run in it stopped before its first checkpoint (metrics.csv to step "
+        "1); run again without --resume to start afresh")
+    (out / "notes.txt").write_text("mine")
+    refused = _run(out, small_corpus, STEPS)
+    assert refused.returncode == 2 and "already holds a run (metrics.csv)" in _one_line(refused)
+    assert (out / "notes.txt").read_text() == "mine"
+    (out / "notes.txt").unlink()
+    _started_afresh(out, unbroken, small_corpus, "metrics.csv to step 1")
+
+    part = tmp_path / "part"
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, "1", "write",
+                             *_cli(part, small_corpus, STEPS, "--ckpt-every", "2")[3:]],
+                            capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert len(list(part.glob("checkpoint.pt.*.part"))) == 1
+    assert not (part / "checkpoint.pt").exists()
+    _started_afresh(part, unbroken, small_corpus, "metrics.csv to step 2")
+
+
 # ---------------------------------------------------------------- permission lost mid-run
 
 # `python -c CHMOD_AT STEP MODE DIR ARGV...`: minixl's command line, in a process that takes

@@ -166,15 +166,24 @@ class RunFolder:
         if resume and overwrite:
             raise ValueError("--resume continues the run in the folder and --overwrite deletes "
                              "it: pass one of them, not both")
-        if not resume and ours and not overwrite:
+        unsaved = self._stopped_before_first_save() if ours else None
+        if not resume and ours and not overwrite and unsaved is None:
             raise ValueError(f"{self.out} already holds a run ({', '.join(p.name for p in ours)}); "
                              "pass --resume to continue it, --overwrite to start again, or "
                              "choose another --out")
         if resume and not self.ckpt.exists():
-            raise ValueError(f"--resume: there is no checkpoint at {self.ckpt} to resume from")
+            raise ValueError(f"--resume: there is no checkpoint at {self.ckpt} to resume from"
+                             + (f": the run in it stopped before its first checkpoint "
+                                f"({unsaved}); run again without --resume to start afresh"
+                                if unsaved else ""))
         if allow and not resume:
             raise ValueError("--allow-change applies to --resume only")
         if not resume:
+            if not overwrite and unsaved is not None:
+                for path in self.out.glob(f"{CHECKPOINT}.*.part"):
+                    path.unlink()
+                print(f"{self.out} held only what a run stopped before its first checkpoint "
+                      f"left ({unsaved}, no checkpoint): starting afresh", flush=True)
             for path in ours:
                 path.unlink()
             return {"ckpt": None, "changed": {}, "cfg": asdict(self.cfg)}
@@ -197,6 +206,29 @@ class RunFolder:
                              "--allow-change steps, which stretches the learning-rate schedule to "
                              "the new total")
         return {"ckpt": ckpt, "changed": changed, "cfg": asdict(self.cfg)}
+
+    def _stopped_before_first_save(self) -> str | None:
+        """What a minixl run stopped before its first checkpoint leaves, if the folder holds
+        nothing else ("metrics.csv to step 3"): no checkpoint; a metrics.csv whose header and
+        rows are minixl's (a last row cut short by the kill aside); maybe loss.png and the
+        .part of a first save killed half-way. None for anything else: it is not ours to
+        delete. (The caller holds the folder's lock: no run is writing it.)"""
+        if self.ckpt.exists() or not (self.out / METRICS).is_file():
+            return None
+        try:
+            names = [p.name for p in self.out.iterdir()]
+            data = (self.out / METRICS).read_bytes()
+        except OSError:
+            return None
+        if any(n not in (METRICS, PLOT) and not (n.startswith(CHECKPOINT + ".")
+                                                and n.endswith(".part")) for n in names):
+            return None
+        kept, damaged, header_damaged = metrics_up_to(data, sys.maxsize)
+        if data and (header_damaged or damaged or not kept):
+            return None
+        rows = kept.splitlines()[1:]
+        return f"{METRICS} to step {int(rows[-1].split(b',')[0])}" if rows else \
+            f"{METRICS} without a row"
 
     def save(self, step: int, state) -> None:
         """Save a checkpoint of `step` (atomically); the caller has checked the weights.
