@@ -47,7 +47,7 @@ test: check ## every check: pytest, and notebooks match their stored outputs in 
 	$(PY) -m pytest -q tests
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
 
-test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (under a minute)
+test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (about 30 s)
 	$(PY) -m pytest -q -m "not slow" --durations=5 tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)

@@ -62,6 +62,15 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+def first_quick(values: list, ids: list[str] | None = None) -> list:
+    """Parameters for pytest.mark.parametrize: the first runs in the quick loop (make
+    test-fast), the others in the slow tier only (make test runs them all)."""
+    ids = ids or [None] * len(values)
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=i,
+                         marks=() if n == 0 else pytest.mark.slow)
+            for n, (v, i) in enumerate(zip(values, ids))]
+
+
 def signalled_at(step: int, signals: str, argv: list[str]) -> list[str]:
     """The command that runs `minixl ARGV` and signals itself at step `step` (see SIGNAL_AT)."""
     import sys

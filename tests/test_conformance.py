@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import TINY_CONFIGS
+from conftest import TINY_CONFIGS, first_quick
 from minixl import check
 from minixl.kinds import ModelKind, Preset
 from minixl.kinds import KINDS
 
 
-@pytest.mark.parametrize("name", list(KINDS))
+@pytest.mark.parametrize("name", first_quick(list(KINDS), list(KINDS)))
 def test_the_books_kinds_pass_every_check(name, capsys):
     assert check.kind(KINDS[name], config=TINY_CONFIGS[name]), capsys.readouterr().out
     out = capsys.readouterr().out
@@ -109,7 +109,7 @@ def test_an_unregistered_kind_with_a_protocol_of_its_own_is_checked_by_its_own_l
     assert check.kind(mine, config=TINY_CONFIGS["char"]), capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["xl", "xlnet"])
+@pytest.mark.parametrize("name", first_quick(["xl", "xlnet"], ["xl", "xlnet"]))
 def test_the_memory_kinds_without_their_memory_sample_through_their_window(name, capsys):
     """--mem-len 0: no memory to carry, so the state must carry the last bytes (a
     Transformer-XL that kept nothing sampled each byte from one byte of context)."""

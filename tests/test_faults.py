@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import train_args
+from conftest import first_quick, train_args
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -578,12 +578,12 @@ def _damage(text: bytes, how: str) -> bytes:
     return b"".join(lines)
 
 
-@pytest.mark.parametrize("how, steps, warned", [
+@pytest.mark.parametrize("how, steps, warned", first_quick([
     ("junk line", ["1", "2", "3", "4", "5", "6"], "line (4)"),
     ("a word for a number", ["1", "3", "4", "5", "6"], "line (3)"),
     ("half a row", ["1", "2", "3", "4", "5", "6"], None),
     ("header", ["5", "6"], "header"),
-])
+], ["junk line", "a word for a number", "half a row", "header"]))
 def test_a_damaged_metrics_csv_on_resume_loses_only_the_damaged_lines(tmp_path, small_corpus,
                                                                       capsys, how, steps,
                                                                       warned):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import first_quick
 
 from minixl import segtree
 from minixl.char_transformer import causal_mask, leakage_matrix
@@ -18,6 +19,8 @@ from minixl.segtree import (GRAPH_CACHE, SegTreeAttention, SegTreeConfig, SegTre
                             tree_attention_dense, tree_sizes)
 
 SIZES = list(range(1, 71)) + [100, 127, 128, 129, 150, 199, 200, 257]
+# the quick loop's sample of them (make test reads them all)
+SOME_SIZES = list(range(1, 18)) + [64, 100, 129]
 RULES = [("segtree", 1), ("bpt", 1), ("bpt", 2), ("bpt", 3), ("bpt", 4), ("bpt", 5)]
 
 
@@ -26,13 +29,14 @@ def offsets(n):
     return [sum(sizes[:j]) for j in range(len(sizes))]
 
 
+@pytest.mark.parametrize("sizes", first_quick([SOME_SIZES, SIZES], ["some", "all"]))
 @pytest.mark.parametrize("rule,k", RULES)
 @pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
-def test_every_leaf_reads_disjoint_spans_that_cover_its_context(rule, k, causal):
+def test_every_leaf_reads_disjoint_spans_that_cover_its_context(rule, k, causal, sizes):
     """For every leaf of many lengths (powers of two and not): the loop's spans are disjoint
     and cover 0..n-1 (0..i when causal), and the vectorised graph holds exactly the loop's
     nodes with the same edge types."""
-    for n in SIZES:
+    for n in sizes:
         leaves = segtree_graph(n, rule=rule, k=k, causal=causal).groups[0]
         off, levels = offsets(n), len(tree_sizes(n))
         for i in range(n):
@@ -113,12 +117,14 @@ def as_our_type(t, k, leaf):
     return edge_type("left" if r % 2 else "right", level)
 
 
+@pytest.mark.parametrize("largest", first_quick([64, 1024]))
 @pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
-def test_bpt_rule_is_what_the_authors_builder_builds(k, causal):
-    """Every leaf and internal node of every power of two from 2 to 1,024: the loop and the
-    vectorised graph read exactly the builder's nodes, with its edge types coarsened to ours."""
-    for n in (2 ** e for e in range(1, 11)):
+def test_bpt_rule_is_what_the_authors_builder_builds(k, causal, largest):
+    """Every leaf and internal node of every power of two from 2 to 1,024 (to 64 in the quick
+    loop): the loop and the vectorised graph read exactly the builder's nodes, with its edge
+    types coarsened to ours."""
+    for n in (2 ** e for e in range(1, largest.bit_length())):
         theirs = bpt_builder_reads(n, k, causal)
         want = {v: sorted((u, as_our_type(t, k, v < n)) for u, t in got)
                 for v, got in theirs.items()}
@@ -180,11 +186,13 @@ def smallest_cover(n, i, causal):
     return fewest(0)
 
 
-def test_the_segtree_rule_is_the_smallest_cover():
+@pytest.mark.parametrize("largest", first_quick([24, 80]))
+def test_the_segtree_rule_is_the_smallest_cover(largest):
     """No smaller disjoint cover holding the leaf and its neighbours exists (every leaf, n up
-    to 80, both modes), and BPT's rule at k = 1 is larger for some leaves."""
+    to 80 (24 in the quick loop), both modes), and BPT's rule at k = 1 is larger for some
+    leaves."""
     bigger = 0
-    for n in range(1, 81):
+    for n in range(1, largest + 1):
         for i in range(n):
             for causal in (False, True):
                 got = leaf_context_loop(n, i, causal=causal)
@@ -275,7 +283,7 @@ def grads(out, inputs, seed=1):
     return torch.autograd.grad((out * probe).sum(), inputs)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["both", "causal"])
+@pytest.mark.parametrize("causal", first_quick([True, False], ["causal", "both"]))
 def test_fast_tree_attention_equals_the_dense_reference(causal):
     """Values and gradients (qkv and the edge types' vectors), float64, every n to 70 and a
     few more, powers of two and not."""
@@ -495,6 +503,7 @@ def test_training_length_graph_is_built_with_the_model_and_moves_with_it():
     torch.testing.assert_close(model(x), before.double(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # a fresh process: the quick loop stays near 30 s
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="peak RSS is read from /proc")
 def test_a_memory_point_is_the_layers_own_under_a_large_parent():
     """The benchmark measures each point's memory in a fresh process. Linux carries a parent's

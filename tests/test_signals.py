@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import signalled_at, train_args
+from conftest import first_quick, signalled_at, train_args
 from minixl import CharTransformerConfig
 from minixl.checkpoint import load_checkpoint
 from minixl.evaluation import evaluate
@@ -106,11 +106,11 @@ def _steps_logged(run: Path) -> list[int]:
     return [int(line.split(",")[0]) for line in (run / "metrics.csv").read_text().splitlines()[1:]]
 
 
-@pytest.mark.parametrize("kind,signum,where", [
+@pytest.mark.parametrize("kind,signum,where", first_quick([
     ("char", signal.SIGINT, "step"), ("shaw", signal.SIGTERM, "step"),
     ("xl", signal.SIGINT, "step"), ("xl", signal.SIGTERM, "eval"), ("shaw", signal.SIGINT, "eval"),
-], ids=["char-SIGINT-step", "shaw-SIGTERM-step", "xl-SIGINT-step", "xl-SIGTERM-eval",
-        "shaw-SIGINT-eval"])
+], ["char-SIGINT-step", "shaw-SIGTERM-step", "xl-SIGINT-step", "xl-SIGTERM-eval",
+    "shaw-SIGINT-eval"]))
 def test_a_signal_to_this_process_stops_after_the_step_and_resumes_exactly(
         kind, signum, where, tmp_path, signal_guard):
     """os.kill to ourselves during step 6 (0-based 5): the step finishes, its checkpoint is

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import train_args
+from conftest import first_quick, train_args
 
 import minixl
 from minixl.char_transformer import causal_mask, generate, leakage_matrix, sample_next
@@ -557,7 +557,7 @@ def test_sdpa_attention_equals_eager_values_and_gradients(pre_lnorm, pos, M):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("pos", ["relative", "absolute"])
-@pytest.mark.parametrize("M", [0, 13])
+@pytest.mark.parametrize("M", first_quick([13, 0]))
 def test_flex_attention_equals_eager_values(pos, M):
     """FlexAttention has no backward on the CPU; its inputs are sdpa's, whose gradients are
     tested above."""
