@@ -451,8 +451,9 @@ def test_a_short_number_must_be_printed_near_and_a_long_one_anywhere_above(tmp_p
     assert len(far) == 1 and "0.84 is printed only far above it (code cell 0" in far[0], far
     assert "fewer than 4 digits may match there by chance" in far[0]
     assert problems("As section 9.1 measured, the ratio is 0.84.") == []  # it names the cell's
-    assert [book._significant(t) for t in ("0.84", "0.840", "3.7038", "8,570", "12.5%",
-                                          "-0.047", "1.61x")] == [2, 3, 5, 4, 3, 2, 3]
+    assert [book._significant(t) for t in ("0.84", "0.840", "3.7038", "8,570", "8,576",
+                                          "3,100", "12.5%", "-0.047", "1.61x")] == [
+        2, 3, 5, 3, 4, 2, 3, 2, 3]
     # prose after a heading in the same cell belongs to the new section
     heading = problems("Nothing.\n\n## 9.3 Third\n\nThe speed, 12.5 there.")
     assert len(heading) == 1 and "12.5 is printed only far above it (code cell 1" in heading[0]

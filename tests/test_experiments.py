@@ -30,6 +30,10 @@ TINY = {
                "--seq-len", "8", "--batch-size", "2", "--eval-bytes", "64"],
               ["depth", "norm", "losses", "seed", "steps", "d_model", "seq_len", "train_bpc",
                "valid_bpc", "seconds"]),
+    "aux_ablation": (["--seeds", "0", "--steps", "2", "--arms", "plain;+ layers, no warm-up",
+                      "--eval-bytes", "256", "--sliding-bytes", "128"],
+                     ["arm", "seed", "steps", "warmup", "valid_bpc", "all_positions_bpc",
+                      "sliding_bpc", "layers_half_way", "layers_end"]),
     "shaw_cost": (["--lengths", "4,24", "--repeats", "1", "--device", "cpu"],
              ["T", "max_relative", "device", "torch", "bucket_ms", "gathered_ms", "fastest",
               "chosen"]),
@@ -364,6 +368,8 @@ def _hang_together(run, capsys):
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
     (["xlnet_memory", "--arms", "ordered streams;memory"], "unknown arm(s) memory: expected "
                                                           "some of random windows; ordered"),
+    (["aux_ablation", "--arms", "plain;bogus"], "unknown arm(s) bogus: expected some of plain; "
+                                                "+ positions; + layers"),
 ])
 def test_bad_options_are_one_clear_line_and_write_nothing(argv, message, tmp_path, capsys):
     path = tmp_path / "x.csv"

@@ -404,7 +404,7 @@ def _started_afresh(out: Path, whole: Path, corpus: Path, stopped: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", [*range(6), 31])  # (31: step 1, before the first save)
 def test_a_run_killed_at_a_seeded_step_and_write_resumes_exactly(tmp_path, small_corpus,
                                                                  unbroken, seed):
     """The random kill above, placed by a seed instead of the clock."""
@@ -462,6 +462,14 @@ def test_a_folder_left_by_a_run_killed_before_its_first_checkpoint_starts_afresh
     assert (out / "notes.txt").read_text() == "mine"
     (out / "notes.txt").unlink()
     _started_afresh(out, unbroken, small_corpus, "metrics.csv to step 1")
+
+    done = tmp_path / "done"  # a whole run whose checkpoint was removed: its history stays
+    shutil.copytree(unbroken, done)
+    (done / "checkpoint.pt").unlink()
+    kept = (done / "metrics.csv").read_bytes()
+    refused = _run(done, small_corpus, STEPS)
+    assert refused.returncode == 2 and "already holds a run (metrics.csv" in _one_line(refused)
+    assert (done / "metrics.csv").read_bytes() == kept
 
     part = tmp_path / "part"
     killed = subprocess.run([sys.executable, "-c", KILL_IN_SAVE, "1", "write",

@@ -171,8 +171,10 @@ def _sampling(k, model, build, preset, steps):
         return (f"the logits of byte {first} of a {W}-byte prompt fed to step() piece by piece "
                 f"(the first {half} bytes, then one at a time, as generate feeds its samples) "
                 f"differ by {gap[first]:.2g} from one pass over the prompt: the state does not "
-                "carry what the model reads in one pass, so sampling forgets its window (a "
-                "model without memory must carry its last bytes, as CharTransformer.step does)")
+                "carry what the model reads in one pass, so sampling does not read the window "
+                "the model trained on (a model without memory must carry its last bytes, as "
+                "CharTransformer.step does; a memory shorter than the window, or positions "
+                "that restart at every call, fail too)")
     return None
 
 

@@ -273,6 +273,22 @@ register(Experiment(
     measured=("seconds",)))
 
 register(Experiment(
+    "aux_ablation", "minixl.experiments.aux_losses:aux_ablation", "book/aux_ablation.csv",
+    "Chapter 2.6: the losses added one at a time (and two arms without warm-up), 3 seeds, "
+    "read by both protocols, and every layer's own readout",
+    (_SEEDS, Option("steps", int, 150, "optimiser steps per run (section 2.6: 150)"),
+     Option("arms", str, None, "arms separated by ';': plain; + positions; + layers; + targets; "
+            "+ positions, no warm-up; + layers, no warm-up (default: all six)"),
+     Option("eval_bytes", int, 8192, "held-out bytes of the all-positions reading and the "
+            "layers' readouts"),
+     Option("sliding_bytes", int, 2048, "held-out bytes read both ways (the sliding window "
+            "costs one window per byte)"),
+     _THREADS),
+    ("arm", "seed", "warmup", "valid_bpc", "all_positions_bpc", "sliding_bpc",
+     "train_seconds"),
+    measured=("train_seconds",)))
+
+register(Experiment(
     "shaw_cost", "minixl.experiments.relative_attention:shaw_cost", "book/bench_shaw.csv",
     "Chapter 3: the bucket and gathered forms of Shaw attention, forward + backward, and the "
     "form minixl picks",

@@ -210,9 +210,11 @@ class RunFolder:
     def _stopped_before_first_save(self) -> str | None:
         """What a minixl run stopped before its first checkpoint leaves, if the folder holds
         nothing else ("metrics.csv to step 3"): no checkpoint; a metrics.csv whose header and
-        rows are minixl's (a last row cut short by the kill aside); maybe loss.png and the
-        .part of a first save killed half-way. None for anything else: it is not ours to
-        delete. (The caller holds the folder's lock: no run is writing it.)"""
+        rows are minixl's (a last row cut short by the kill aside), its last step no further
+        than this run's first save and short of its end (a run that went further saved a
+        checkpoint, which someone has since removed: its history is kept); maybe loss.png and the .part of a first
+        save killed half-way. None for anything else: it is not ours to delete. (The caller
+        holds the folder's lock: no run is writing it.)"""
         if self.ckpt.exists() or not (self.out / METRICS).is_file():
             return None
         try:
@@ -227,8 +229,12 @@ class RunFolder:
         if data and (header_damaged or damaged or not kept):
             return None
         rows = kept.splitlines()[1:]
-        return f"{METRICS} to step {int(rows[-1].split(b',')[0])}" if rows else \
-            f"{METRICS} without a row"
+        if not rows:
+            return f"{METRICS} without a row"
+        last = int(rows[-1].split(b",")[0])
+        if last > self.cfg.ckpt_every or last >= self.cfg.steps:  # it saved, or may have ended
+            return None
+        return f"{METRICS} to step {last}"
 
     def save(self, step: int, state) -> None:
         """Save a checkpoint of `step` (atomically); the caller has checked the weights.

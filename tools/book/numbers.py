@@ -24,10 +24,10 @@ from .paths import BOOK, NBS, ROOT, chapters
 #     <!-- from chapter 1: 4.75 -->   numbers another chapter prints: found in its outputs
 # Each entry of a marker covers one quotation of its number in the cell, and an entry the
 # cell does not quote is an error. A short number (fewer than ENOUGH significant digits:
-# 0.84, 12.5%) could match an unrelated output by chance, so it must be printed near: by a
-# code cell of its own section (since the last "## " heading; the cell just above it too) or
-# of a section its markdown cell names ("section 4.6"). A longer one may come from any
-# cell above it. Section references (section 4.6, Chapters 2 and 3),
+# 0.84, 12.5%, 3,100: an integer's trailing zeros are not significant) could match an
+# unrelated output by chance, so it must be printed near: by a code cell above it in its own
+# section (since the last "## " heading) or in a section its markdown cell names ("section
+# 4.6"). A longer one may come from any cell above it. Section references (section 4.6, Chapters 2 and 3),
 # headings, code, math and links are not quoted numbers. Every chapter is under the check.
 
 _UNIT = r"(?:[x\u00d7%]|[MKG](?![A-Za-z]))?"
@@ -118,9 +118,12 @@ def _matches(token: str, printed, about: bool = False, scale: int = 0) -> bool:
 
 
 def _significant(token: str) -> int:
-    """Significant digits of a quoted number: 0.840 has 3, 8,570 has 4, 12.5% has 3."""
+    """Significant digits of a quoted number: 0.840 has 3, 8,570 has 3 (an integer's
+    trailing zeros are not significant), 8,576 has 4, 12.5% has 3."""
     digits = re.sub(r"[^\d.]", "", token.split("e")[0].split("E")[0])
-    whole, _, frac = digits.partition(".")
+    whole, dot, frac = digits.partition(".")
+    if not dot:
+        return len(whole.strip("0"))
     return len((whole + frac).lstrip("0")) if whole.strip("0") else len(frac.lstrip("0"))
 
 
@@ -199,13 +202,12 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
     everything = [n for numbers in per_cell for n in numbers]
     other_chapters: dict[int, list] = {}  # chapter number -> its printed numbers, read once
     problems, above, code_cell, pos = [], [], 0, 0
-    section, by_section, here, last = None, {}, [], []  # the code cells near the prose
+    section, by_section, here = None, {}, []  # the code cells near the prose
     for cell in cells:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code":
             # the numbers printed by the code cells so far (or by the last one)
             above = above + per_cell[code_cell] if cumulative else per_cell[code_cell]
-            last = per_cell[code_cell]
             here = here + [code_cell]
             by_section.setdefault(section, []).append(code_cell)
             code_cell += 1
@@ -218,7 +220,7 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
         named_cells = {c for name in named for c in by_section.get(name, [])}
         # prose before a heading in this cell is near its own section's cells; after it, a
         # new section has printed nothing yet
-        near_above = last + [n for c in sorted(set(here) | named_cells) for n in per_cell[c]]
+        near_above = [n for c in sorted(set(here) | named_cells) for n in per_cell[c]]
         near_below = [n for c in sorted(named_cells) for n in per_cell[c]]
         at = md_text.find(source, pos)
         pos = at + len(source) if at >= 0 else pos
@@ -296,7 +298,7 @@ def _problems(md_text: str, cells: list[dict], where, *, cumulative: bool = True
                 problems.append(f"{where}:{first_line}: a marker lists {token}, which this "
                                 "markdown cell does not quote (as often)")
         if headings:  # the section the next cells belong to
-            section, here, last = headings[-1].group(1), [], []
+            section, here = headings[-1].group(1), []
     return problems
 
 
