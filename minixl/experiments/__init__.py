@@ -238,9 +238,13 @@ register(Experiment(
 
 register(Experiment(
     "positions", "minixl.experiments.char_transformer:positions", "book/positions.csv",
-    "Chapter 1: held-out bpc of per-layer position tables and a sinusoid, by depth and seed",
+    "Chapter 1: held-out bpc of per-layer position tables and a sinusoid (and the per-layer "
+    "tables with the sinusoid model's embedding scale), by depth and seed",
     (Option("depths", str, "4,8", "comma-separated numbers of layers"), _SEEDS,
-     Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"), _THREADS),
+     Option("steps", int, 200, "optimiser steps per run (section 1.7: 200)"), _THREADS,
+     Option("arms", str, "per_layer,sinusoid,per_layer_scaled", "comma-separated: "
+            "per_layer, sinusoid, per_layer_scaled (per-layer tables, token embeddings "
+            "scaled by sqrt(C) as the sinusoid model's are)")),
     measured=("seconds",)))
 
 register(Experiment(

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 from . import int_list, keep_row, pins_threads
 
-__all__ = ["positions", "nanogpt_race", "race_ratio"]
+__all__ = ["positions", "POSITION_ARMS", "nanogpt_race", "race_ratio"]
+
+
+POSITION_ARMS = ("per_layer", "sinusoid", "per_layer_scaled")
 
 
 @pins_threads
 def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threads: int = 1,
-              corpus: str = "pydoc") -> list[dict]:
+              arms: str = ",".join(POSITION_ARMS), corpus: str = "pydoc") -> list[dict]:
     """Chapter 1, exercise 5: per-layer position tables against one sinusoid, by depth.
 
     Section 1.7's run (width 128, 4 heads, windows of 128, 16 per step, Chapter 1's loop
-    through `minixl.train`, which gives the same weights) for every depth x seed x kind of
-    position; one row per run with its held-out bpc over the whole validation split. It
+    through `minixl.train`, which gives the same weights) for every depth x seed x arm; one
+    row per run with its held-out bpc over the whole validation split. The sinusoid model
+    multiplies its token embeddings by sqrt(C) (Vaswani et al.), the per-layer model does
+    not, so a third arm, per_layer_scaled, is the per-layer model with that factor: it
+    differs from per_layer in the scale only and from sinusoid in the positions only. It
     runs on `threads` torch threads (a product's rounding depends on how many share it).
     """
+    import math
     import time
 
     import torch
@@ -32,21 +39,30 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
     from ..training import TrainConfig, train
 
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
+    unknown = [a for a in arm_list if a not in POSITION_ARMS]
+    if unknown or not arm_list:
+        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: expected "
+                         f"some of {', '.join(POSITION_ARMS)}")
     if steps < 1:
         raise ValueError(f"--steps must be positive, got {steps}")
     data = load_corpus(corpus)
     rows = []
     for n_layer in depth_list:
         for seed in seed_list:
-            for pos in ("per_layer", "sinusoid"):
+            for arm in arm_list:
                 torch.manual_seed(seed)
+                pos = "sinusoid" if arm == "sinusoid" else "per_layer"
                 model = CharTransformer(CharTransformerConfig(n_layer=n_layer, pos=pos))
+                if arm == "per_layer_scaled":  # the input path only: the tied head reads
+                    scale = math.sqrt(model.config.d_model)  # the weights, not this output
+                    model.tok.register_forward_hook(lambda module, args, out: out * scale)
                 start = time.perf_counter()
                 train(model, TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup=30,
                                          weight_decay=0.01, grad_clip=1.0, seed=seed,
                                          device="cpu"),
                       batches=RandomWindows(data.train, 16, 128, seed=seed), progress=False)
-                keep_row(rows, dict(n_layer=n_layer, seed=seed, pos=pos, steps=steps,
+                keep_row(rows, dict(n_layer=n_layer, seed=seed, pos=arm, steps=steps,
                                  valid_bpc=round(evaluate_bpc(model, data.valid, seq_len=128), 4),
                                  seconds=round(time.perf_counter() - start, 1)))
     return rows
