@@ -100,8 +100,8 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
     and seed. Each run is read two ways on the same held-out bytes: every position of
     non-overlapping windows (Chapter 1's estimate, on eval_bytes and on the first
     sliding_bytes) and the paper's sliding window, the last position of a window that moves
-    one byte at a time (on sliding_bytes); and, at the half-way step (when the last
-    intermediate loss stops) and at the end, the held-out bpc of every layer's own readout
+    one byte at a time (on sliding_bytes); and, at the half-way step (just after the last
+    intermediate loss, layer n - 1's at (n - 1) / (2n) of the run, stops) and at the end, the held-out bpc of every layer's own readout
     (final norm and tied head on that layer's output), ';'-separated from the first layer."""
     import time
 
