@@ -109,7 +109,8 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
     import torch.nn.functional as F
 
     from ..aux_losses import AuxLossConfig, AuxLosses, AuxObjective, evaluate_bpc_sliding
-    from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
+    from ..char_transformer import (CharTransformer, CharTransformerConfig, eval_mode,
+                                    evaluate_bpc)
     from ..data import RandomWindows, load_corpus
     from ..training import TrainConfig, train
 
@@ -133,10 +134,8 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
         """Every layer's own readout, bits per byte over the held-out windows."""
         n = (len(held) - 1) // 64
         x, y = held[:n * 64].long().view(n, 64), held[1:n * 64 + 1].long().view(n, 64)
-        was = model.training
-        model.eval()
-        _, hidden = model(x, return_hidden=True)
-        model.train(was)
+        with eval_mode(model):
+            _, hidden = model(x, return_hidden=True)
         bits = [F.cross_entropy(model.readout(h).transpose(1, 2), y).item() / math.log(2)
                 for h in hidden]
         return ";".join(f"{b:.4f}" for b in bits)
