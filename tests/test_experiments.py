@@ -37,6 +37,10 @@ TINY = {
     "shaw_cost": (["--lengths", "4,24", "--repeats", "1", "--device", "cpu"],
              ["T", "max_relative", "device", "torch", "bucket_ms", "gathered_ms", "fastest",
               "chosen"]),
+    "shaw_positions": (["--seeds", "0", "--steps", "2", "--eval-bytes", "300", "--lengths",
+                        "64,128", "--arms", "per_layer,shaw_scaled"],
+                       ["arm", "seed", "steps", "max_relative", "bpc_64", "bpc_128",
+                        "seconds"]),
     "xl_eval_speed": (["--lengths", "8,16", "--tgt-len", "4", "--n-layer", "1", "--d-model",
                        "8", "--n-head", "2", "--d-head", "4", "--d-inner", "8", "--passes", "1",
                        "--streams", "2"],
@@ -368,6 +372,8 @@ def _hang_together(run, capsys):
     (["nanogpt_race", "--nanogpt", ".", "--text", "x"], "--nanogpt .: expected a checkout"),
     (["xlnet_memory", "--arms", "ordered streams;memory"], "unknown arm(s) memory: expected "
                                                           "some of random windows; ordered"),
+    (["shaw_positions", "--arms", "shaw,rope"], "unknown arm(s) rope: expected some of "
+                                                 "per_layer, per_layer_scaled"),
     (["aux_ablation", "--arms", "plain;bogus"], "unknown arm(s) bogus: expected some of plain; "
                                                 "+ positions; + layers"),
 ])

@@ -304,6 +304,21 @@ register(Experiment(
     measured=("bucket_ms", "gathered_ms", "fastest")))
 
 register(Experiment(
+    "shaw_positions", "minixl.experiments.relative_attention:shaw_positions",
+    "book/shaw_positions.csv",
+    "Chapter 3.7: learned per-layer positions, a sinusoid and Shaw's relative attention, with "
+    "and without the sinusoid model's sqrt(C) embedding scale, 3 seeds, at 3 lengths",
+    (_SEEDS, Option("steps", int, 250, "optimiser steps per run (section 3.7: 250)"),
+     Option("max_relative", int, 16, "Shaw's clipping distance K"),
+     Option("lengths", str, "64,128,256", "comma-separated evaluation window lengths"),
+     Option("eval_bytes", int, 16385, "held-out bytes scored (the first of the split)"),
+     _THREADS,
+     Option("arms", str, "per_layer,per_layer_scaled,sinusoid,shaw,shaw_scaled",
+            "comma-separated: per_layer, per_layer_scaled, sinusoid, shaw, shaw_scaled "
+            "(*_scaled: token embeddings scaled by sqrt(C) as the sinusoid model's are)")),
+    measured=("seconds",)))
+
+register(Experiment(
     "xl_eval_speed", "minixl.experiments.transformer_xl:xl_eval_speed",
     "book/xl_eval_speed.csv",
     "Chapter 4: evaluation time per byte of the sliding window and of XL's memory (hidden "
