@@ -51,7 +51,7 @@ def test_every_checker_is_tested():
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments",
                                   "span_targets", "sibling_scores", "matched_compute",
-                                  "reach", "contestant"}
+                                  "reach", "contestant", "step_weight", "same_length_mask"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -164,6 +164,54 @@ def test_intermediate_weight_checker_names_the_schedule_slip(capsys):
     fails_with(capsys, check.intermediate_weight, never_off, "from progress l/(2n) = 0.25 on",
                "the weight is 0")
     fails_with(capsys, check.intermediate_weight, lambda l, n, p: "half", "expected a number")
+
+
+def test_step_weight_checker_passes_the_step_and_names_each_slip(capsys):
+    def step(layer, n, p):
+        return layer / n if p < layer / (2 * n) else 0.0
+
+    assert check.step_weight(step) is True
+    assert capsys.readouterr().out.startswith("PASS step_weight: all ")
+    fails_with(capsys, check.step_weight,
+               lambda l, n, p: l // n if p < l // (2 * n) else 0.0, "integer division")
+    fails_with(capsys, check.step_weight, minixl.intermediate_weight, "the chapter's linear fade")
+    fails_with(capsys, check.step_weight, lambda l, n, p: l / n if p <= l / (2 * n) else 0.0,
+               "at progress exactly l/(2n) = 0.25", "not <=")
+    fails_with(capsys, check.step_weight, lambda l, n, p: l / n if p < l / n else 0.0,
+               "the switch-off is at l/(2n) = 0.25, not at l/n = 0.5")
+    fails_with(capsys, check.step_weight, lambda l, n, p: 1.0 if p < l / (2 * n) else 0.0,
+               "before the switch-off the weight is the full l/n = 0.5")
+    fails_with(capsys, check.step_weight, lambda l, n, p: None, "expected a number")
+
+
+def test_same_length_mask_checker_passes_the_solution_and_names_each_slip(capsys):
+    dist = minixl.relative_distances
+
+    def same_length(impl, qlen, klen, device=None):
+        d = dist(qlen, klen, device=device)
+        return (d >= 0) & (d <= klen - qlen)
+
+    assert check.same_length_mask(same_length) is True
+    assert capsys.readouterr().out.startswith("PASS same_length_mask: all ")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: ~same_length(i, q, k), "inverted")
+    fails_with(capsys, check.same_length_mask,
+               lambda i, q, k: (dist(q, k) >= 0) & (dist(q, k) < k - q), "use <= M", "NaN")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: dist(q, k) <= k - q,
+               "negative distances")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: minixl.causal_mask(q, k),
+               "the plain causal mask")
+    def one_wrong(impl, qlen, klen):
+        mask = same_length(impl, qlen, klen)
+        mask[-1, 0] = ~mask[-1, 0]  # the last query sees the first key too
+        return mask
+
+    fails_with(capsys, check.same_length_mask, one_wrong, "query 3 may attend key 0",
+               "Query 3 sits at position 3 and sees keys 3..3")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: same_length(i, q, k).int(),
+               "expected torch.bool")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: same_length(i, q, k).T,
+               "rows are queries")
+    fails_with(capsys, check.same_length_mask, lambda i, q, k: 1 / 0, "ZeroDivisionError")
 
 
 def test_sliding_windows_checker_names_the_coverage_slip(capsys):

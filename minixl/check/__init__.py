@@ -17,10 +17,10 @@ checkers work before later chapters' modules exist.
 from __future__ import annotations
 
 from .char_transformer import attention, causal_mask, sinusoid_positions
-from .aux_losses import ahead_pairs, intermediate_weight, sliding_windows
+from .aux_losses import ahead_pairs, intermediate_weight, sliding_windows, step_weight
 from .relative_attention import distance_weights, relative_index, shaw_attention
-from .transformer_xl import (four_term_score, memory_update, rel_shift, stream_batches,
-                             xl_two_segments)
+from .transformer_xl import (four_term_score, memory_update, rel_shift, same_length_mask,
+                             stream_batches, xl_two_segments)
 from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, rel_shift_bi,
                     span_targets, targets_for_k)
 from .segtree import (bpt_context, causal_tree_graph, gathered_attention, leaf_context,
@@ -30,10 +30,10 @@ from .kinds import kind
 
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
-           "intermediate_weight", "sliding_windows", "ahead_pairs",  # Chapter 2
+           "intermediate_weight", "sliding_windows", "ahead_pairs", "step_weight",  # Chapter 2
            "shaw_attention", "relative_index", "distance_weights",  # Chapter 3
            "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
-           "xl_two_segments",
+           "same_length_mask", "xl_two_segments",
            "permutation_masks", "query_stream_mask", "query_stream_update",  # Chapter 5
            "rel_shift_bi", "span_targets", "targets_for_k",
            "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6

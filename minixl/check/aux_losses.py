@@ -1,5 +1,5 @@
 """Checkers for Chapter 2's exercises (auxiliary losses): intermediate_weight,
-sliding_windows and ahead_pairs (the extra targets), compared with the references in
+sliding_windows, ahead_pairs (the extra targets) and step_weight (a step schedule), compared with the references in
 minixl.aux_losses or with what the chapter asks of them. Hand-written (not generated).
 """
 
@@ -122,3 +122,54 @@ def ahead_pairs(fn: Callable[..., tuple]) -> bool:
         return _verdict("ahead_pairs", f"{where}: position 0 predicts byte {byte[0].item()}: "
                         f"{hint}.", len(cases))
     return _verdict("ahead_pairs", None, len(cases))
+
+
+def _is(value, want: float) -> bool:
+    try:
+        return abs(float(value) - want) < 1e-6
+    except (TypeError, ValueError):
+        return False
+
+
+def step_weight(fn: Callable[[int, int, float], float]) -> bool:
+    """Check fn(layer, n_layer, progress) -> the step schedule of exercise 6: layer l of n
+    keeps its full weight l/n while progress < l/(2n), then 0."""
+    cases = [(l, n, p) for n in (2, 4, 16) for l in range(1, n)
+             for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.75 * l / n, l / n, 0.5, 1.0)]
+    fade = _ref("aux_losses", "intermediate_weight")
+    for layer, n, p in cases:
+        got, err = _call(fn, layer, n, p)
+        if err:
+            return _verdict("step_weight", err, len(cases))
+        stop = layer / (2 * n)
+        want = layer / n if p < stop else 0.0
+        try:
+            value = float(got)
+        except (TypeError, ValueError):
+            return _verdict("step_weight", f"expected a number, got {got!r}", len(cases))
+        if abs(value - want) < 1e-6:
+            continue
+        if value == 0.0 and want > 0 and p == 0.0:
+            hint = ("the weight is 0 from the start; with integer division l // (2n) and l // n "
+                    "are 0 for every layer: use real division")
+        elif abs(value - fade(layer, n, p)) < 1e-6:
+            hint = (f"that is the chapter's linear fade; the step holds the full {layer}/{n} "
+                    f"until progress {stop:g}")
+        elif p >= stop and abs(value - layer / n) < 1e-6:  # still on: probe past the stop
+            later, _ = _call(fn, layer, n, 1.5 * stop)
+            at_l_n, _ = _call(fn, layer, n, layer / n)
+            if _is(later, 0.0):
+                hint = (f"at progress exactly l/(2n) = {stop:g} the loss is already off: "
+                        "compare progress < l/(2n), not <=")
+            elif _is(at_l_n, 0.0):
+                hint = f"the switch-off is at l/(2n) = {stop:g}, not at l/n = {layer / n:g}"
+            else:
+                hint = f"the loss must switch off at progress l/(2n) = {stop:g}"
+        elif want > 0:
+            hint = (f"before the switch-off the weight is the full l/n = {want:g} (the weight "
+                    "layer l starts with)")
+        else:
+            hint = f"from progress l/(2n) = {stop:g} on the weight is 0"
+        return _verdict("step_weight", f"for layer={layer}, n_layer={n}, progress={p:g} you "
+                        f"return {got!r}: {hint}.", len(cases))
+    return _verdict("step_weight", None, len(cases))

@@ -1,5 +1,5 @@
 """Checkers for Chapter 4's exercises (Transformer-XL): rel_shift, four_term_score,
-memory_update, stream_batches and xl_two_segments, compared with the references in
+memory_update, stream_batches, same_length_mask and xl_two_segments, compared with the references in
 minixl.transformer_xl and minixl.data (xl_two_segments runs the chapter's TransformerXL
 through its own two-segment helpers). Hand-written (not generated).
 """
@@ -285,3 +285,49 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
                                 "loss backpropagates into the first. Detach it "
                                 "(stop-gradient).", len(cases))
     return _verdict("xl_two_segments", None, len(cases))
+
+
+def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(impl, qlen, klen) -> bool [qlen, klen], exercise 5's same-length mask: with
+    M = klen - qlen, query i (at position M + i) may attend key j iff 0 <= (M + i) - j <= M,
+    so every query sees M + 1 keys, the later queries losing the earliest memory keys."""
+    cases = [(4, 4), (3, 7), (5, 6), (2, 8), (4, 12), (1, 1)]
+    for qlen, klen in cases:
+        got, err = _call(fn, "eager", qlen, klen)
+        where = f"for qlen={qlen}, klen={klen} (memory M = {klen - qlen})"
+        if err:
+            return _verdict("same_length_mask", f"{where}: {err}", len(cases))
+        if not isinstance(got, torch.Tensor):
+            return _verdict("same_length_mask", f"expected a torch.Tensor, got "
+                            f"{type(got).__name__}", len(cases))
+        if tuple(got.shape) != (qlen, klen):
+            return _verdict("same_length_mask", f"{where} the shape is {tuple(got.shape)}, "
+                            f"expected ({qlen}, {klen}): rows are queries, columns keys",
+                            len(cases))
+        if got.dtype != torch.bool:
+            return _verdict("same_length_mask", f"dtype is {got.dtype}, expected torch.bool "
+                            "(True = may attend)", len(cases))
+        mem = klen - qlen
+        dist = _ref("transformer_xl", "relative_distances")(qlen, klen)  # (M + i) - j
+        want = (dist >= 0) & (dist <= mem)
+        if torch.equal(got, want):
+            continue
+        if torch.equal(got, (dist >= 0) & (dist < mem)):
+            hint = (f"each query sees M keys; it should see M + 1 = {mem + 1} (distances 0 to M, "
+                    "itself included): use <= M. At M = 0 your rows are empty and the softmax "
+                    "gives NaN")
+        elif torch.equal(got, dist <= mem):
+            hint = ("queries see keys after them (negative distances): keep distance >= 0, "
+                    "the causal part")
+        elif torch.equal(got, ~want):
+            hint = "the mask is inverted: True where a query MAY attend"
+        elif torch.equal(got, dist >= 0):
+            hint = ("that is the plain causal mask: the later queries of the segment must lose "
+                    "the earliest memory keys, so that every query sees M + 1")
+        else:
+            i, j = (int(t) for t in (got != want).nonzero()[0])
+            what = "may not" if want[i, j] else "may"
+            hint = (f"your mask says query {i} {what} attend key {j}. Query {i} sits at position "
+                    f"{mem + i} and sees keys {i}..{mem + i}, M + 1 = {mem + 1} of them")
+        return _verdict("same_length_mask", f"{where}: {hint}.", len(cases))
+    return _verdict("same_length_mask", None, len(cases))
