@@ -192,7 +192,7 @@ SHAW = ModelKind(
     objective=AUX_OBJECTIVE,
     no_decay=("w_k", "w_v"),  # relative positions a^K, a^V, one row per clipped distance
     flops=_shaw_flops, reach=_window_reach,
-    field_help=_CHAR_HELP | {"max_relative": "the clipping distance k of relative attention"},
+    field_help=_CHAR_HELP | {"max_relative": "the clipping distance K of relative attention"},
     bench={"shaw": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 3's relative attention, no absolute positions")})
 

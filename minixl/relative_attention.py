@@ -36,7 +36,7 @@ def relative_index(qlen: int, klen: int, max_relative: int, *, device=None) -> t
     if qlen < 1 or klen < qlen:
         raise ValueError(f"need 1 <= qlen <= klen, got qlen={qlen}, klen={klen}")
     if max_relative < 0:
-        raise ValueError(f"max_relative (the clipping distance k) must be >= 0, got {max_relative}")
+        raise ValueError(f"max_relative (the clipping distance K) must be >= 0, got {max_relative}")
     i = torch.arange(klen - qlen, klen, device=device)[:, None]  # (Tq, 1) absolute positions
     j = torch.arange(klen, device=device)[None, :]  # (1, Tk)
     return (j - i).clamp(-max_relative, max_relative) + max_relative
