@@ -137,10 +137,10 @@ class Block(nn.Module):
 
 # %% book/01_char_transformer.md, section 1.5 Where is each byte? Two ways to say it
 def sinusoid_positions(length: int, d_model: int, *, device=None) -> torch.Tensor:
-    """Sinusoidal position table [length, d_model]: [sin | cos] halves, angle p / 10000^(2k/d)."""
+    """Sinusoidal position table [length, d_model]: [sin | cos] halves, angle p / 10000^(2f/C)."""
     inv_freq = 1.0 / 10000 ** (torch.arange(0, d_model, 2, device=device).float() / d_model)
-    angles = torch.arange(length, device=device).float()[:, None] * inv_freq  # (T, d/2)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, d)
+    angles = torch.arange(length, device=device).float()[:, None] * inv_freq  # (T, C/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (T, C)
 
 
 # %% book/01_char_transformer.md, section 1.5 Where is each byte? Two ways to say it

@@ -102,7 +102,7 @@ def shaw_attention_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return p @ v + value_pos
 
 
-# %% book/03_relative_attention.md, section 3.5 Fewer products: there are only 2k + 1 distances
+# %% book/03_relative_attention.md, section 3.5 Fewer products: there are only 2K + 1 distances
 def distance_weights(p: torch.Tensor, index: torch.Tensor, n_distances: int) -> torch.Tensor:
     """The attention each query pays to each distance: p [B, H, Tq, Tk] summed into the
     columns that index [Tq, Tk] names -> [B, H, Tq, n_distances]."""

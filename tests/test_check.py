@@ -51,7 +51,8 @@ def test_every_checker_is_tested():
                                   "gathered_attention", "ahead_pairs", "four_term_score",
                                   "memory_update", "stream_batches", "xl_two_segments",
                                   "span_targets", "sibling_scores", "matched_compute",
-                                  "reach", "contestant", "step_weight", "same_length_mask"}
+                                  "reach", "contestant", "step_weight", "same_length_mask",
+                                  "per_head_shaw"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -166,6 +167,52 @@ def test_intermediate_weight_checker_names_the_schedule_slip(capsys):
     fails_with(capsys, check.intermediate_weight, lambda l, n, p: "half", "expected a number")
 
 
+def _per_head(q, k, v, w_k, w_v, mask=None, *, scale=True, key_heads="bhqd,hrd->bhqr",
+              value_table=None):
+    """Exercise 5's solution (a table per head, one einsum per side), with switches that
+    make its typical slips."""
+    B, H, Tq, D = q.shape
+    Tk, K = k.size(2), (w_k.size(1) - 1) // 2
+    idx = minixl.relative_index(Tq, Tk, K).expand(B, H, Tq, Tk)
+    per_row = torch.einsum(key_heads, q, w_k)  # (B, H, Tq, 2K+1)
+    position = per_row.expand(B, H, Tq, 2 * K + 1).gather(-1, idx)
+    scores = q @ k.transpose(-2, -1) + position
+    scores = scores / math.sqrt(D) if scale else (q @ k.transpose(-2, -1)) / math.sqrt(D) + position
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = scores.softmax(-1)
+    per_distance = minixl.distance_weights(p, idx[0, 0], 2 * K + 1)
+    w_v = w_v if value_table is None else value_table(w_v)
+    return p @ v + torch.einsum("bhqr,hrd->bhqd", per_distance, w_v)
+
+
+def test_per_head_shaw_checker_passes_the_solution_and_names_each_slip(capsys):
+    assert check.per_head_shaw(_per_head) is True
+    assert capsys.readouterr().out.startswith("PASS per_head_shaw: all ")
+    first = lambda w: w[:1].expand_as(w)
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, first(w_k), first(w_v), m),
+               "every head uses head 0's tables")
+    mean = lambda w: w.mean(0, keepdim=True).expand_as(w)
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, mean(w_k), mean(w_v), m),
+               "averaged over the heads")
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, w_k, w_v, m, value_table=first),
+               "the value side uses head 0's")
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, w_k, w_v, m, scale=False),
+               "not divided by sqrt(D)")
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, w_k, w_v, None),
+               "the mask is ignored")
+    fails_with(capsys, check.per_head_shaw,
+               lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, w_k, w_v, m)[:, :, :, :-1],
+               "expected (2, 3, 5, 4) [B, H, Tq, D]")
+    fails_with(capsys, check.per_head_shaw, lambda *args: minixl.shaw_attention(*args),
+               "calling it with")
+
+
 def test_step_weight_checker_passes_the_step_and_names_each_slip(capsys):
     def step(layer, n, p):
         return layer / n if p < layer / (2 * n) else 0.0
@@ -175,6 +222,8 @@ def test_step_weight_checker_passes_the_step_and_names_each_slip(capsys):
     fails_with(capsys, check.step_weight,
                lambda l, n, p: l // n if p < l // (2 * n) else 0.0, "integer division")
     fails_with(capsys, check.step_weight, minixl.intermediate_weight, "the chapter's linear fade")
+    fails_with(capsys, check.step_weight, lambda l, n, p: l / n if p > l / (2 * n) else 0.0,
+               "the wrong way round")
     fails_with(capsys, check.step_weight, lambda l, n, p: l / n if p <= l / (2 * n) else 0.0,
                "at progress exactly l/(2n) = 0.25", "not <=")
     fails_with(capsys, check.step_weight, lambda l, n, p: l / n if p < l / n else 0.0,
@@ -195,7 +244,8 @@ def test_same_length_mask_checker_passes_the_solution_and_names_each_slip(capsys
     assert capsys.readouterr().out.startswith("PASS same_length_mask: all ")
     fails_with(capsys, check.same_length_mask, lambda i, q, k: ~same_length(i, q, k), "inverted")
     fails_with(capsys, check.same_length_mask,
-               lambda i, q, k: (dist(q, k) >= 0) & (dist(q, k) < k - q), "use <= M", "NaN")
+               lambda i, q, k: (dist(q, k) >= 0) & (dist(q, k) < k - q), "use <= M", "NaN",
+               "the reference code's rule")
     fails_with(capsys, check.same_length_mask, lambda i, q, k: dist(q, k) <= k - q,
                "negative distances")
     fails_with(capsys, check.same_length_mask, lambda i, q, k: minixl.causal_mask(q, k),

@@ -150,8 +150,13 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
         if abs(value - want) < 1e-6:
             continue
         if value == 0.0 and want > 0 and p == 0.0:
-            hint = ("the weight is 0 from the start; with integer division l // (2n) and l // n "
-                    "are 0 for every layer: use real division")
+            after, _ = _call(fn, layer, n, 1.0)
+            if _is(after, layer / n):
+                hint = ("the comparison is the wrong way round: the loss is off at the start "
+                        "and on at the end; keep it while progress < l/(2n)")
+            else:
+                hint = ("the weight is 0 from the start; with integer division l // (2n) and "
+                        "l // n are 0 for every layer: use real division")
         elif abs(value - fade(layer, n, p)) < 1e-6:
             hint = (f"that is the chapter's linear fade; the step holds the full {layer}/{n} "
                     f"until progress {stop:g}")

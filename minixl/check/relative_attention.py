@@ -1,5 +1,5 @@
 """Checkers for Chapter 3's exercises (relative position representations): shaw_attention,
-relative_index and distance_weights, compared with the references in
+relative_index, distance_weights and per_head_shaw (a table per head), compared with the references in
 minixl.relative_attention. Hand-written (not generated).
 """
 
@@ -158,3 +158,54 @@ def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
                     "the result then add up to 1, like the rows of p)")
         return _verdict("distance_weights", f"{where}: {hint}.", len(cases))
     return _verdict("distance_weights", None, len(cases))
+
+
+def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(q, k, v, w_k, w_v, mask=None) -> [B, H, Tq, D], exercise 5's relative
+    attention with a table per head: w_k, w_v are [H, 2K+1, D], and head h uses w_k[h],
+    w_v[h] exactly as shaw_attention uses its one table."""
+    ref = _ref("relative_attention", "shaw_attention")
+    g = torch.Generator().manual_seed(0)
+    # B != H first: a table indexed by the batch row instead of the head fails at once
+    shapes = [(2, 3, 5, 5, 4, 2), (1, 2, 3, 6, 8, 1), (3, 3, 4, 4, 4, 3), (2, 1, 4, 7, 4, 0)]
+    n_checks = 2 * len(shapes)
+
+    def by_head(q, k, v, w_k, w_v, mask):  # head h of every batch row with table h
+        return torch.cat([ref(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], w_k[h], w_v[h], mask)
+                          for h in range(q.size(1))], dim=1)
+
+    for B, H, Tq, Tk, D, K in shapes:
+        q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
+        w_k, w_v = torch.randn(2, H, 2 * K + 1, D, generator=g)
+        for mask in (_ref("char_transformer", "causal_mask")(Tq, Tk), None):
+            where = (f"for q {tuple(q.shape)}, tables {tuple(w_k.shape)}, K={K}, "
+                     f"{'with' if mask is not None else 'without'} a mask")
+            got, err = _call(fn, q, k, v, w_k.clone(), w_v.clone(), mask)
+            if err:
+                return _verdict("per_head_shaw", f"{where}: {err}", n_checks)
+            want = by_head(q, k, v, w_k, w_v, mask)
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                return _verdict("per_head_shaw", f"{where}: the output is {shape}, expected "
+                                f"{tuple(want.shape)} [B, H, Tq, D]", n_checks)
+            if torch.allclose(got, want, atol=1e-5):
+                continue
+            near = lambda other: torch.allclose(got, other, atol=1e-4)
+            every = lambda w: w.expand(H, -1, -1)  # one table, given to every head
+            if H > 1 and near(by_head(q, k, v, every(w_k[:1]), every(w_v[:1]), mask)):
+                hint = "every head uses head 0's tables: head h must read w_k[h] and w_v[h]."
+            elif H > 1 and near(by_head(q, k, v, every(w_k.mean(0, keepdim=True)),
+                                        every(w_v.mean(0, keepdim=True)), mask)):
+                hint = ("the tables are averaged over the heads: keep the head dimension "
+                        "(einsum 'bhqd,hrd->bhqr', not a sum over h).")
+            elif H > 1 and near(by_head(q, k, v, w_k, every(w_v[:1]), mask)):
+                hint = ("the key side uses each head's table but the value side uses head 0's "
+                        "for all: the value term needs w_v[h] too.")
+            elif near(by_head(q, k, v, w_k * math.sqrt(D), w_v, mask)):
+                hint = "the position term q . a^K is not divided by sqrt(D) like the content term."
+            elif mask is not None and near(by_head(q, k, v, w_k, w_v, None)):
+                hint = "the mask is ignored."
+            else:
+                hint = "the values differ from shaw_attention run head by head with table h."
+            return _verdict("per_head_shaw", f"{where}: {hint}", n_checks)
+    return _verdict("per_head_shaw", None, n_checks)

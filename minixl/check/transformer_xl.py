@@ -290,7 +290,9 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
 def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(impl, qlen, klen) -> bool [qlen, klen], exercise 5's same-length mask: with
     M = klen - qlen, query i (at position M + i) may attend key j iff 0 <= (M + i) - j <= M,
-    so every query sees M + 1 keys, the later queries losing the earliest memory keys."""
+    so every query sees M + 1 keys, the later queries losing the earliest memory keys. (The
+    reference implementation's same_length keeps mem_len keys, counted from the configured
+    memory; the book's version keeps M + 1, counted from the keys present.)"""
     cases = [(4, 4), (3, 7), (5, 6), (2, 8), (4, 12), (1, 1)]
     for qlen, klen in cases:
         got, err = _call(fn, "eager", qlen, klen)
@@ -313,9 +315,10 @@ def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
         if torch.equal(got, want):
             continue
         if torch.equal(got, (dist >= 0) & (dist < mem)):
-            hint = (f"each query sees M keys; it should see M + 1 = {mem + 1} (distances 0 to M, "
-                    "itself included): use <= M. At M = 0 your rows are empty and the softmax "
-                    "gives NaN")
+            hint = (f"each query sees M keys (distances 0 to M - 1, the reference code's rule "
+                    f"when its memory is full); this exercise asks for M + 1 = {mem + 1}, "
+                    "distances 0 to M: use <= M. At M = 0 these rows are empty and the "
+                    "softmax gives NaN")
         elif torch.equal(got, dist <= mem):
             hint = ("queries see keys after them (negative distances): keep distance >= 0, "
                     "the causal part")

@@ -49,12 +49,13 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
                    arms: str = ",".join(SHAW_POSITION_ARMS),
                    corpus: str = "pydoc") -> list[dict]:
     """Section 3.7's run for every seed x arm: a 3-layer, 64-wide model (4 heads), trained
-    on 64-byte windows, 16 a step, through `minixl.train` at its defaults (the chapter's
-    loop, same weights), then held-out bpc over the first `eval_bytes` of the validation
-    split, every position of non-overlapping windows of each of `lengths` (empty where a
-    learned table has no rows that far). Shaw arms clip at `max_relative` and add no
-    absolute positions; the *_scaled arms multiply the token embeddings by sqrt(C) on the
-    input path, as the sinusoid model does. It runs on `threads` torch threads.
+    on 64-byte windows, 16 a step, through `minixl.train` at its defaults on the CPU
+    (the chapter's loop, same weights), then held-out bpc over the first `eval_bytes` of
+    the validation split, every position of non-overlapping windows of each of `lengths`
+    (empty where a learned table has no rows that far). Shaw arms clip at `max_relative`
+    and add no absolute positions; the *_scaled arms multiply the token embeddings by
+    sqrt(C) on the input path, as the sinusoid model does. It runs on `threads` torch
+    threads.
     """
     import math
     import time
