@@ -52,7 +52,7 @@ def test_every_checker_is_tested():
                                   "memory_update", "stream_batches", "xl_two_segments",
                                   "span_targets", "sibling_scores", "matched_compute",
                                   "reach", "contestant", "step_weight", "same_length_mask",
-                                  "per_head_shaw"}
+                                  "per_head_shaw", "every_start_table"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -210,6 +210,32 @@ def test_per_head_shaw_checker_passes_the_solution_and_names_each_slip(capsys):
                lambda q, k, v, w_k, w_v, m=None: _per_head(q, k, v, w_k, w_v, m)[:, :, :, :-1],
                "expected (2, 3, 5, 4) [B, H, Tq, D]")
     fails_with(capsys, check.per_head_shaw, lambda *args: minixl.shaw_attention(*args),
+               "calling it with")
+
+
+def _every_start(model, data, L, *, bits=True, starts=0, shift=1):
+    """Section 2.7's table (exercise 7's solution), with switches that make its slips."""
+    idx = torch.arange(len(data) - L - starts)[:, None] + torch.arange(L + 1)
+    seq = data[idx].long()
+    with torch.no_grad():
+        nll = F.cross_entropy(model(seq[:, :-1]).transpose(1, 2), seq[:, shift:shift + L],
+                              reduction="none")
+    return nll / math.log(2) if bits else nll
+
+
+def test_every_start_table_checker_passes_the_solution_and_names_each_slip(capsys):
+    assert check.every_start_table(_every_start) is True
+    assert capsys.readouterr().out.startswith("PASS every_start_table: all ")
+    fails_with(capsys, check.every_start_table,
+               lambda m, d, L: _every_start(m, d, L, bits=False), "these are nats")
+    fails_with(capsys, check.every_start_table,
+               lambda m, d, L: _every_start(m, d, L, shift=0), "the targets are not shifted")
+    fails_with(capsys, check.every_start_table,
+               lambda m, d, L: _every_start(m, d, L, starts=1), "one start too few",
+               "there are len(data) - L = 17 rows")
+    fails_with(capsys, check.every_start_table, lambda m, d, L: _every_start(m, d, L).T,
+               "transposed")
+    fails_with(capsys, check.every_start_table, lambda m, d, L: m(d[None]),
                "calling it with")
 
 

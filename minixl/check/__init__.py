@@ -17,7 +17,8 @@ checkers work before later chapters' modules exist.
 from __future__ import annotations
 
 from .char_transformer import attention, causal_mask, sinusoid_positions
-from .aux_losses import ahead_pairs, intermediate_weight, sliding_windows, step_weight
+from .aux_losses import (ahead_pairs, every_start_table, intermediate_weight, sliding_windows,
+                         step_weight)
 from .relative_attention import distance_weights, per_head_shaw, relative_index, shaw_attention
 from .transformer_xl import (four_term_score, memory_update, rel_shift, same_length_mask,
                              stream_batches, xl_two_segments)
@@ -31,6 +32,7 @@ from .kinds import kind
 
 __all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
            "intermediate_weight", "sliding_windows", "ahead_pairs", "step_weight",  # Chapter 2
+           "every_start_table",
            "shaw_attention", "relative_index", "distance_weights", "per_head_shaw",  # Chapter 3
            "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
            "same_length_mask", "xl_two_segments",

@@ -1,5 +1,6 @@
 """Checkers for Chapter 2's exercises (auxiliary losses): intermediate_weight,
-sliding_windows, ahead_pairs (the extra targets) and step_weight (a step schedule), compared with the references in
+sliding_windows, ahead_pairs (the extra targets), step_weight (a step schedule) and
+every_start_table (both protocols' losses in one table), compared with the references in
 minixl.aux_losses or with what the chapter asks of them. Hand-written (not generated).
 """
 
@@ -178,3 +179,60 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
         return _verdict("step_weight", f"for layer={layer}, n_layer={n}, progress={p:g} you "
                         f"return {got!r}: {hint}.", len(cases))
     return _verdict("step_weight", None, len(cases))
+
+
+def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
+    """Check fn(model, data, L) -> [len(data) - L, L]: row s holds the bits (not nats) of the
+    byte after each position of the window data[s : s + L], for every start s whose window
+    and next byte fit, as section 2.7 builds it. data is a uint8 tensor of bytes."""
+    import math
+
+    import torch.nn.functional as F
+
+    config = _ref("char_transformer", "CharTransformerConfig")(
+        n_layer=1, d_model=16, n_head=2, d_inner=32, block_size=8)
+    with torch.random.fork_rng():  # the reader's own random state is left alone
+        torch.manual_seed(0)
+        model = _ref("char_transformer", "CharTransformer")(config).eval()
+    g = torch.Generator().manual_seed(0)
+    cases = [(torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8), L)
+             for n, L in ((21, 4), (30, 8), (9, 8))]
+    for data, L in cases:
+        where = f"for {len(data)} bytes and L={L}"
+        got, err = _call(fn, model, data.clone(), L)
+        if err:
+            return _verdict("every_start_table", f"{where}: {err}", len(cases))
+        with torch.no_grad():
+            seq = torch.stack([data[s:s + L + 1].long() for s in range(len(data) - L)])
+            nll = F.cross_entropy(model(seq[:, :-1]).transpose(1, 2), seq[:, 1:],
+                                  reduction="none")
+            unshifted = F.cross_entropy(model(seq[:, :-1]).transpose(1, 2), seq[:, :-1],
+                                        reduction="none")
+        want = nll / math.log(2)
+        if not isinstance(got, torch.Tensor):
+            return _verdict("every_start_table", f"expected a torch.Tensor, got "
+                            f"{type(got).__name__}", len(cases))
+        if tuple(got.shape) != tuple(want.shape):
+            W = len(data) - L
+            if tuple(got.shape) == (L, W):
+                hint = "the table is transposed: one row per start, one column per position"
+            elif got.dim() == 2 and got.size(0) == W - 1:
+                hint = (f"one start too few: a window of L + 1 bytes fits at starts 0 to "
+                        f"len(data) - L - 1, so there are len(data) - L = {W} rows")
+            else:
+                hint = "rows are starts, columns the L positions of the window"
+            return _verdict("every_start_table", f"{where}: the shape is "
+                            f"{tuple(got.shape)}, expected {tuple(want.shape)}: {hint}.",
+                            len(cases))
+        got = got.detach().float()
+        if torch.allclose(got, want, atol=1e-4):
+            continue
+        if torch.allclose(got, nll, atol=1e-4):
+            hint = "these are nats: divide the cross-entropy by log 2 for bits"
+        elif torch.allclose(got, unshifted / math.log(2), atol=1e-4):
+            hint = ("the targets are not shifted: position t predicts byte t + 1 of the "
+                    "window, the inputs are bytes 0 to L - 1 and the targets bytes 1 to L")
+        else:
+            hint = "the values differ from the loss of each window's next bytes, in bits"
+        return _verdict("every_start_table", f"{where}: {hint}.", len(cases))
+    return _verdict("every_start_table", None, len(cases))
