@@ -204,10 +204,9 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
             return _verdict("every_start_table", f"{where}: {err}", len(cases))
         with torch.no_grad():
             seq = torch.stack([data[s:s + L + 1].long() for s in range(len(data) - L)])
-            nll = F.cross_entropy(model(seq[:, :-1]).transpose(1, 2), seq[:, 1:],
-                                  reduction="none")
-            unshifted = F.cross_entropy(model(seq[:, :-1]).transpose(1, 2), seq[:, :-1],
-                                        reduction="none")
+            logits = model(seq[:, :-1]).transpose(1, 2)  # (W, V, L)
+            nll = F.cross_entropy(logits, seq[:, 1:], reduction="none")
+            unshifted = F.cross_entropy(logits, seq[:, :-1], reduction="none")
         want = nll / math.log(2)
         if not isinstance(got, torch.Tensor):
             return _verdict("every_start_table", f"expected a torch.Tensor, got "

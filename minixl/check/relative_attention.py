@@ -1,6 +1,6 @@
 """Checkers for Chapter 3's exercises (relative position representations): shaw_attention,
-relative_index, distance_weights and per_head_shaw (a table per head), compared with the references in
-minixl.relative_attention. Hand-written (not generated).
+relative_index, distance_weights and per_head_shaw (a table per head), compared with the
+references in minixl.relative_attention. Hand-written (not generated).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkers for Chapter 4's exercises (Transformer-XL): rel_shift, four_term_score,
-memory_update, stream_batches, same_length_mask and xl_two_segments, compared with the references in
-minixl.transformer_xl and minixl.data (xl_two_segments runs the chapter's TransformerXL
-through its own two-segment helpers). Hand-written (not generated).
+memory_update, stream_batches, same_length_mask and xl_two_segments, compared with the
+references in minixl.transformer_xl and minixl.data (xl_two_segments runs the chapter's
+TransformerXL through its own two-segment helpers). Hand-written (not generated).
 """
 
 from __future__ import annotations

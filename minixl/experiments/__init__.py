@@ -23,6 +23,7 @@ import csv
 import functools
 import importlib
 import inspect
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -175,6 +176,27 @@ def int_list(text: str, name: str, least: int = 1) -> list[int]:
     if not values or min(values) < least:
         raise ValueError(f"--{name} needs at least one integer, each >= {least}; got {text!r}")
     return values
+
+
+def pick_arms(arms: str | None, known, sep: str = ";") -> list[str]:
+    """The arms named in `arms` (separated by `sep`; None: all of `known`), each checked
+    against `known`; a clear error naming the unknown ones and the choices otherwise."""
+    chosen = list(known) if arms is None else [a.strip() for a in arms.split(sep) if a.strip()]
+    unknown = [a for a in chosen if a not in known]
+    if unknown or not chosen:
+        joint = f"{sep} "
+        also = f" (separated by {sep!r})" if sep != "," else ""
+        raise ValueError(f"unknown arm(s) {joint.join(unknown) or '(none given)'}: expected "
+                         f"some of {joint.join(known)}{also}")
+    return chosen
+
+
+def scale_embeddings(model) -> None:
+    """Multiply model.tok's output by sqrt(C), as the sinusoid model does, on the input path
+    only (a tied output layer reads the weights, not this output): the arm that differs
+    from a model without positions' scale in that one thing."""
+    scale = math.sqrt(model.config.d_model)
+    model.tok.register_forward_hook(lambda module, args, out: out * scale)
 
 
 # ---------------------------------------------------------------- the command line

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from . import int_list, keep_row, pins_threads
+from . import int_list, keep_row, pick_arms, pins_threads
 
 __all__ = ["depth_sweep", "aux_ablation", "ABLATION_ARMS"]
 
@@ -101,7 +101,8 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
     non-overlapping windows (Chapter 1's estimate, on eval_bytes and on the first
     sliding_bytes) and the paper's sliding window, the last position of a window that moves
     one byte at a time (on sliding_bytes); and, at the half-way step (just after the last
-    intermediate loss, layer n - 1's at (n - 1) / (2n) of the run, stops) and at the end, the held-out bpc of every layer's own readout
+    intermediate loss, layer n - 1's at (n - 1) / (2n) of the run, stops) and at the end,
+    the held-out bpc of every layer's own readout
     (final norm and tied head on that layer's output), ';'-separated from the first layer."""
     import time
 
@@ -114,12 +115,7 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
     from ..data import RandomWindows, load_corpus
     from ..training import TrainConfig, train
 
-    names = list(ABLATION_ARMS) if arms is None else [a.strip() for a in arms.split(";")
-                                                      if a.strip()]
-    unknown = [a for a in names if a not in ABLATION_ARMS]
-    if unknown or not names:
-        raise ValueError(f"unknown arm(s) {'; '.join(unknown) or '(none given)'}: expected "
-                         f"some of {'; '.join(ABLATION_ARMS)} (separated by ';')")
+    names = pick_arms(arms, ABLATION_ARMS)
     seed_list = int_list(seeds, "seeds", 0)
     if steps < 2 or min(eval_bytes, sliding_bytes) < 65:
         raise ValueError(f"need steps >= 2 and eval_bytes, sliding_bytes > 64 (one window); "

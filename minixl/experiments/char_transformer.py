@@ -8,7 +8,7 @@ imported inside the functions, so that importing this module costs nothing.
 
 from __future__ import annotations
 
-from . import int_list, keep_row, pins_threads
+from . import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
 
 __all__ = ["positions", "POSITION_ARMS", "nanogpt_race", "race_ratio"]
 
@@ -29,7 +29,6 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
     differs from per_layer in the scale only and from sinusoid in the positions only. It
     runs on `threads` torch threads (a product's rounding depends on how many share it).
     """
-    import math
     import time
 
     import torch
@@ -39,11 +38,7 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
     from ..training import TrainConfig, train
 
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
-    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
-    unknown = [a for a in arm_list if a not in POSITION_ARMS]
-    if unknown or not arm_list:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: expected "
-                         f"some of {', '.join(POSITION_ARMS)}")
+    arm_list = pick_arms(arms, POSITION_ARMS, sep=",")
     if steps < 1:
         raise ValueError(f"--steps must be positive, got {steps}")
     data = load_corpus(corpus)
@@ -54,9 +49,8 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
                 torch.manual_seed(seed)
                 pos = "sinusoid" if arm == "sinusoid" else "per_layer"
                 model = CharTransformer(CharTransformerConfig(n_layer=n_layer, pos=pos))
-                if arm == "per_layer_scaled":  # the input path only: the tied head reads
-                    scale = math.sqrt(model.config.d_model)  # the weights, not this output
-                    model.tok.register_forward_hook(lambda module, args, out: out * scale)
+                if arm == "per_layer_scaled":
+                    scale_embeddings(model)
                 start = time.perf_counter()
                 train(model, TrainConfig(steps=steps, batch_size=16, lr=2e-3, warmup=30,
                                          weight_decay=0.01, grad_clip=1.0, seed=seed,

@@ -7,7 +7,7 @@ Hand-written (not generated): an entry of the registry of runs (`minixl.experime
 
 from __future__ import annotations
 
-from . import int_list, keep_row, pins_threads
+from . import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
 
 __all__ = ["shaw_cost", "shaw_positions", "SHAW_POSITION_ARMS"]
 
@@ -57,7 +57,6 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
     sqrt(C) on the input path, as the sinusoid model does. It runs on `threads` torch
     threads.
     """
-    import math
     import time
 
     import torch
@@ -69,11 +68,7 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
 
     seed_list = int_list(seeds, "seeds", 0)
     length_list = int_list(lengths, "lengths")
-    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
-    unknown = [a for a in arm_list if a not in SHAW_POSITION_ARMS]
-    if unknown or not arm_list:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown) or '(none given)'}: expected "
-                         f"some of {', '.join(SHAW_POSITION_ARMS)}")
+    arm_list = pick_arms(arms, SHAW_POSITION_ARMS, sep=",")
     for name, value in (("steps", steps), ("eval_bytes", eval_bytes)):
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -91,9 +86,8 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
             torch.manual_seed(seed)
             extra = {"attention": shaw_factory(max_relative)} if arm.startswith("shaw") else {}
             model = CharTransformer(config, **extra)
-            if arm.endswith("_scaled"):  # the input path only: the tied head reads the
-                scale = math.sqrt(config.d_model)  # weights, not this output
-                model.tok.register_forward_hook(lambda module, args, out: out * scale)
+            if arm.endswith("_scaled"):
+                scale_embeddings(model)
             start = time.perf_counter()
             train(model, TrainConfig(steps=steps, batch_size=16, seed=seed, device="cpu"),
                   batches=RandomWindows(data.train, 16, 64, seed=seed), progress=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from . import int_list, keep_row, pins_threads, torch_threads
+from . import int_list, keep_row, pick_arms, pins_threads, torch_threads
 
 # Chapter 5.8's model: 2 layers of width 64, windows of 64 bytes, K about 6
 SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256, seq_len=64, n_predict=11)
@@ -29,16 +29,6 @@ ARMS = {
 # the pretraining input's arm only: its readings with segment ids (xlnet_memory)
 LAYOUT_COLUMNS = ("bpc_windows_one_segment", "bpc_memory_one_segment", "bpc_infill_one_segment",
                   "bpc_layout", "bpc_layout_no_segments")
-
-
-def _pick(arms: str | None, table: dict) -> list[str]:
-    """The arms named in `arms` (separated by ';'; None: all of the table's), checked."""
-    chosen = list(table) if arms is None else [a.strip() for a in arms.split(";") if a.strip()]
-    unknown = [a for a in chosen if a not in table]
-    if unknown or not chosen:
-        raise ValueError(f"unknown arm(s) {'; '.join(unknown) or '(none given)'}: expected "
-                         f"some of {'; '.join(table)} (separated by ';')")
-    return chosen
 
 
 def _held_out(corpus: str, eval_bytes: int):
@@ -83,7 +73,7 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
     from ..kinds import KINDS, with_overrides
 
     seed_list = int_list(seeds, "seeds", 0)
-    chosen = _pick(arms, ARMS)
+    chosen = pick_arms(arms, ARMS)
     if steps < 1 or mem_len < 1 or eval_bytes < 4 * SMALL["seq_len"]:
         raise ValueError(f"steps and mem_len must be >= 1 and eval_bytes >= "
                          f"{4 * SMALL['seq_len']}; got steps={steps}, mem_len={mem_len}, "
@@ -351,7 +341,7 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
 
     seed_list = int_list(seeds, "seeds", 0)
     table = {**OBJECTIVE_ARMS, **MORE_OBJECTIVE_ARMS}
-    chosen = list(OBJECTIVE_ARMS) if arms is None else _pick(arms, table)
+    chosen = list(OBJECTIVE_ARMS) if arms is None else pick_arms(arms, table)
     T = SMALL["seq_len"]
     if steps < 1 or eval_bytes < 4 * T:
         raise ValueError(f"steps must be >= 1 and eval_bytes >= {4 * T}; got steps={steps}, "
