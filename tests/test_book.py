@@ -241,6 +241,56 @@ def test_plain_import_of_minixl_in_an_export_cell_is_refused(repo_copy):
     assert "must use 'from minixl.x import ...', not 'import minixl.char_transformer'" in r.stderr
 
 
+def test_the_import_order_lint_reads_each_file_and_what_its_imports_hide():
+    """File by file: a module's top-level imports count, a function's do not; importing a
+    submodule runs its package first; an import_module call counts wherever it is, an
+    f-string for every module under its literal prefix."""
+    from tools.book.source import imported_modules
+
+    known = {"a", "pkg", "pkg.b", "pkg.c", "late"}
+    code = ("from ..a import x\nfrom . import c\n"
+            "def f():\n    from ..late import y\n")
+    assert imported_modules(code, name="pkg.b", known=known, top_level_only=True) == {
+        "a", "pkg", "pkg.c"}
+    assert "late" in imported_modules(code, name="pkg.b", known=known)
+    assert imported_modules("from minixl.pkg.b import z\n", known=known) == {"pkg", "pkg.b"}
+    hidden = "import importlib\ndef f(m):\n    return importlib.import_module(f'..{m}', 'x')\n"
+    assert imported_modules(hidden, name="pkg.b", known=known, top_level_only=True) == (
+        known - {"pkg.b"})
+    named = "from importlib import import_module\ndef f():\n    import_module('minixl.late')\n"
+    assert imported_modules(named, name="a", known=known, top_level_only=True) == {"late"}
+    table = "from importlib import import_module\nT = {'x': 'minixl.late'}\n" + (
+        "def f(n):\n    return import_module(T[n])\n")  # a table by name stays lazy
+    assert imported_modules(table, name="a", known=known, top_level_only=True) == set()
+
+
+def test_a_chapter_may_use_its_own_package_but_not_its_module_or_a_later_one():
+    """Chapter 2 may import its own package's hand-written files (they build on its module),
+    not its generated module directly, and nothing that reaches chapter 3."""
+    from tools.book.lint import import_order
+
+    owner = {"one": ROOT / "book/01_one.md", "two": ROOT / "book/02_two.md",
+             "three": ROOT / "book/03_three.md"}
+    graph = {"one": set(), "two": {"one"}, "three": {"two"}, "two.experiments": {"two"},  # its package
+             "tables": {"two.experiments"}, "late": {"tables", "three"}}
+
+    def problems(*imports: str) -> list[str]:
+        cells = ["\n".join(f"from minixl.{m} import x" for m in imports)]
+        return import_order([{"path": owner["two"], "module": "two", "code": cells}], owner,
+                            graph)
+
+    assert problems("one", "two.experiments") == []
+    assert problems("two") == ["book/02_two.md imports minixl.two, which needs chapter 02's "
+                               "module: a chapter may use only what earlier chapters export"]
+    assert problems("tables") == [
+        "book/02_two.md imports minixl.tables, which needs chapter 02's module (through "
+        "minixl.two.experiments, minixl.two): a chapter may use only what earlier chapters "
+        "export"]
+    assert problems("late") == [
+        "book/02_two.md imports minixl.late, which needs chapter 03's module (through "
+        "minixl.three): a chapter may use only what earlier chapters export"]
+
+
 @pytest.mark.slow
 def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
@@ -254,7 +304,7 @@ def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_cop
             "04's module: a chapter may use only what earlier chapters export") in r.stderr
     # also through a hand-written module that imports a later chapter
     assert ("book/01_char_transformer.md imports minixl.models, which needs chapter 06's "
-            "module (through minixl.segtree)") in r.stderr
+            "module (through minixl.book_kinds, minixl.segtree)") in r.stderr
     r = book_check(repo_copy)
     assert r.returncode == 1 and "imports minixl.transformer_xl, which needs" in r.stderr
 

@@ -9,36 +9,46 @@ something is, and returns True when every test passes.
 
 Each chapter's checkers live in the module named after the chapter's own module:
 minixl.check.char_transformer (Chapter 1), .aux_losses (2), .relative_attention (3),
-.transformer_xl (4), .xlnet (5), .segtree (6) and .one_bench (7); the verdict helpers they share are in
-minixl.check._common. A checker loads its references only when it runs, so a chapter's
-checkers work before later chapters' modules exist.
+.transformer_xl (4), .xlnet (5), .segtree (6) and .one_bench (7); the verdict helpers they
+share are in minixl.check._common. This package is a table of names, loaded on first use:
+`check.attention` imports Chapter 1's checkers and what they import at their top (Chapter
+1's module), never a later chapter's.
 """
 
 from __future__ import annotations
 
-from .char_transformer import attention, causal_mask, sinusoid_positions
-from .aux_losses import (ahead_pairs, every_start_table, intermediate_weight, sliding_windows,
-                         step_weight)
-from .relative_attention import distance_weights, per_head_shaw, relative_index, shaw_attention
-from .transformer_xl import (four_term_score, memory_update, rel_shift, same_length_mask,
-                             stream_batches, xl_two_segments)
-from .xlnet import (permutation_masks, query_stream_mask, query_stream_update, rel_shift_bi,
-                    span_targets, targets_for_k)
-from .segtree import (bpt_context, causal_tree_graph, gathered_attention, leaf_context,
-                      sibling_scores)
-from .one_bench import contestant, matched_compute, reach
-from .kinds import kind
+from importlib import import_module
+
+# checker -> the module of minixl.check that defines it, in the book's order
+_WHERE = {
+    "causal_mask": "char_transformer", "attention": "char_transformer",  # Chapter 1
+    "sinusoid_positions": "char_transformer",
+    "intermediate_weight": "aux_losses", "sliding_windows": "aux_losses",  # Chapter 2
+    "ahead_pairs": "aux_losses", "step_weight": "aux_losses", "every_start_table": "aux_losses",
+    "shaw_attention": "relative_attention", "relative_index": "relative_attention",  # 3
+    "distance_weights": "relative_attention", "per_head_shaw": "relative_attention",
+    "rel_shift": "transformer_xl", "four_term_score": "transformer_xl",  # Chapter 4
+    "memory_update": "transformer_xl", "stream_batches": "transformer_xl",
+    "same_length_mask": "transformer_xl", "xl_two_segments": "transformer_xl",
+    "permutation_masks": "xlnet", "query_stream_mask": "xlnet",  # Chapter 5
+    "query_stream_update": "xlnet", "rel_shift_bi": "xlnet", "span_targets": "xlnet",
+    "targets_for_k": "xlnet",
+    "leaf_context": "segtree", "bpt_context": "segtree", "causal_tree_graph": "segtree",  # 6
+    "gathered_attention": "segtree", "sibling_scores": "segtree",
+    "matched_compute": "one_bench", "reach": "one_bench", "contestant": "one_bench",  # 7
+    "kind": "kinds",  # every model kind, yours too
+}
+__all__ = list(_WHERE)
 
 
-__all__ = ["causal_mask", "attention", "sinusoid_positions",  # Chapter 1
-           "intermediate_weight", "sliding_windows", "ahead_pairs", "step_weight",  # Chapter 2
-           "every_start_table",
-           "shaw_attention", "relative_index", "distance_weights", "per_head_shaw",  # Chapter 3
-           "rel_shift", "four_term_score", "memory_update", "stream_batches",  # Chapter 4
-           "same_length_mask", "xl_two_segments",
-           "permutation_masks", "query_stream_mask", "query_stream_update",  # Chapter 5
-           "rel_shift_bi", "span_targets", "targets_for_k",
-           "leaf_context", "bpt_context", "causal_tree_graph",  # Chapter 6
-           "gathered_attention", "sibling_scores",
-           "matched_compute", "reach", "contestant",  # Chapter 7
-           "kind"]  # every model kind, yours too (minixl.check.kinds)
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"minixl.check has no checker {name!r}; the checkers are "
+                             f"{', '.join(_WHERE)}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

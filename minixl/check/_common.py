@@ -1,21 +1,14 @@
 """Verdict helpers shared by every chapter's checkers.
 
-Hand-written (not generated). `_ref` loads a reference implementation from minixl when a
-checker runs (never when minixl.check is imported), `_verdict` prints PASS or FAIL with
-what is wrong, and `_call` calls the student's function, turning any exception into a
-reason to fail.
+Hand-written (not generated). `_verdict` prints PASS or FAIL with what is wrong, and
+`_call` calls the student's function, turning any exception into a reason to fail. (Each
+chapter's checkers import their references at their top: a chapter's checkers are loaded
+only when one of them is used, through the table in minixl/check/__init__.py.)
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
-
-
-def _ref(module: str, name: str) -> Callable:
-    """The reference `name` from minixl.<module>, imported when a checker runs: a chapter's
-    checkers work before later chapters' modules exist."""
-    return getattr(importlib.import_module(f"..{module}", __package__), name)
 
 
 def _verdict(name: str, problem: str | None, n_checks: int) -> bool:

@@ -10,7 +10,8 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import aux_losses, char_transformer
+from ._common import _call, _verdict
 
 
 def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
@@ -21,7 +22,7 @@ def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
         got, err = _call(fn, layer, n, p)
         if err:
             return _verdict("intermediate_weight", err, len(cases))
-        want = _ref("aux_losses", "intermediate_weight")(layer, n, p)
+        want = aux_losses.intermediate_weight(layer, n, p)
         try:
             ok = abs(float(got) - want) < 1e-6
         except (TypeError, ValueError):
@@ -71,7 +72,7 @@ def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
                        else f"bytes {twice[:5]} are scored more than once")
             return _verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
                             "scored exactly once", len(cases))
-        want = _ref("aux_losses", "sliding_windows")(n, L, stride)
+        want = aux_losses.sliding_windows(n, L, stride)
         if windows != want:
             return _verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
                             f"the book's windows {want}: the first window "
@@ -137,7 +138,7 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
     keeps its full weight l/n while progress < l/(2n), then 0."""
     cases = [(l, n, p) for n in (2, 4, 16) for l in range(1, n)
              for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.75 * l / n, l / n, 0.5, 1.0)]
-    fade = _ref("aux_losses", "intermediate_weight")
+    fade = aux_losses.intermediate_weight
     for layer, n, p in cases:
         got, err = _call(fn, layer, n, p)
         if err:
@@ -189,11 +190,11 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
 
     import torch.nn.functional as F
 
-    config = _ref("char_transformer", "CharTransformerConfig")(
+    config = char_transformer.CharTransformerConfig(
         n_layer=1, d_model=16, n_head=2, d_inner=32, block_size=8)
     with torch.random.fork_rng():  # the reader's own random state is left alone
         torch.manual_seed(0)
-        model = _ref("char_transformer", "CharTransformer")(config).eval()
+        model = char_transformer.CharTransformer(config).eval()
     g = torch.Generator().manual_seed(0)
     cases = [(torch.randint(0, 256, (n,), generator=g, dtype=torch.uint8), L)
              for n, L in ((21, 4), (30, 8), (9, 8))]

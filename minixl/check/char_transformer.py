@@ -10,7 +10,8 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import char_transformer
+from ._common import _call, _verdict
 
 
 def causal_mask(fn: Callable[..., torch.Tensor]) -> bool:
@@ -20,7 +21,7 @@ def causal_mask(fn: Callable[..., torch.Tensor]) -> bool:
         got, err = _call(fn, qlen, klen)
         if err:
             return _verdict("causal_mask", err, len(cases))
-        want = _ref("char_transformer", "causal_mask")(qlen, klen)
+        want = char_transformer.causal_mask(qlen, klen)
         if not isinstance(got, torch.Tensor):
             return _verdict("causal_mask", f"expected a torch.Tensor, got {type(got).__name__}", len(cases))
         if tuple(got.shape) != (qlen, klen):
@@ -47,13 +48,13 @@ def causal_mask(fn: Callable[..., torch.Tensor]) -> bool:
 
 def attention(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(q, k, v, mask=None) against scaled dot-product attention."""
-    ref = _ref("char_transformer", "attention")
+    ref = char_transformer.attention
     g = torch.Generator().manual_seed(0)
     shapes = [(2, 3, 5, 5, 8), (1, 2, 3, 7, 4), (2, 1, 6, 6, 16)]
     n_checks = 2 * len(shapes)
     for B, H, Tq, Tk, D in shapes:
         q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
-        for mask in (None, _ref("char_transformer", "causal_mask")(Tq, Tk)):
+        for mask in (None, char_transformer.causal_mask(Tq, Tk)):
             got, err = _call(fn, q, k, v, mask)
             if err:
                 return _verdict("attention", err, n_checks)
@@ -94,7 +95,7 @@ def sinusoid_positions(fn: Callable[..., torch.Tensor]) -> bool:
         got, err = _call(fn, length, d)
         if err:
             return _verdict("sinusoid_positions", err, len(cases))
-        want = _ref("char_transformer", "sinusoid_positions")(length, d)
+        want = char_transformer.sinusoid_positions(length, d)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             return _verdict("sinusoid_positions", f"for length={length}, d_model={d} expected a "
                             f"tensor of shape {tuple(want.shape)}", len(cases))

@@ -30,6 +30,11 @@ from pathlib import Path
 
 import torch
 
+from ..evaluation import evaluate
+from ..model_kind import ModelKind
+from ..training import TrainConfig, train
+from ..training import state as states
+
 __all__ = ["kind"]
 
 
@@ -38,8 +43,6 @@ def kind(model_kind, *, config: dict | None = None, steps: int = 4) -> bool:
 
     config: config fields that replace the tiny preset's (keep the model small: the checks
     train it for `steps` steps on the CPU)."""
-    from ..model_kind import ModelKind
-
     if not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an integer of at least 2 (a run stopped half-way and "
                          f"resumed), got {steps!r}")
@@ -107,8 +110,6 @@ def _protocol(k, model, build, preset, steps):
 
 
 def _state(k, model, build, preset, steps):
-    from ..training import state as states
-
     model.train()
     _, state = model.step(_tokens(model, k), None)
     if state is None:
@@ -179,8 +180,6 @@ def _sampling(k, model, build, preset, steps):
 
 
 def _protocols(k, model, build, preset, steps):
-    from ..evaluation import evaluate
-
     length = getattr(model.config, k.length)
     text = torch.randint(0, 256, (64 * length + 1,), generator=torch.Generator().manual_seed(2),
                          dtype=torch.uint8)
@@ -192,8 +191,6 @@ def _protocols(k, model, build, preset, steps):
 
 
 def _resume(k, model, build, preset, steps):
-    from ..training import TrainConfig, train
-
     length = getattr(model.config, k.length)
     data = torch.randint(0, 256, (200 * length,), generator=torch.Generator().manual_seed(3),
                          dtype=torch.uint8)

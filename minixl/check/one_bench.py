@@ -9,7 +9,14 @@ import numbers
 from dataclasses import replace
 from typing import Callable
 
-from ._common import _call, _ref, _verdict
+import torch
+
+from ..data import load_corpus
+from ..experiments.bench_all import read_left_to_right, reading_segment, train_arm
+from ..kinds import KINDS, kind_of
+from ..model_kind import ModelKind
+from ..planner import bench_arms, matched_steps, plan_bench
+from ._common import _call, _verdict
 
 
 def _number(value) -> float | None:
@@ -24,8 +31,6 @@ def _number(value) -> float | None:
 
 
 def _char_configs():
-    from ..kinds import kind_of
-
     kind = kind_of("char")
     base = kind.presets["tiny"].model
     shapes = [dict(n_layer=2, d_model=32, n_head=4, d_inner=128, block_size=16),
@@ -39,8 +44,6 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
     """Check flops_fn(config) -> training FLOPs per byte of Chapter 1's model (6 per weight
     that multiplies, position tables excluded, plus 12 N T C), and steps_fn(budget,
     flops_per_byte, batch_size, length) -> the bench's matched step count."""
-    import torch
-
     kind, configs = _char_configs()
     n_checks = len(configs)
     for c in configs:
@@ -71,7 +74,7 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                         f"returned {got!r}, expected {want:,.0f} (6 x {weights:,} weights + "
                         f"{scores:,} for the scores)")
             return _verdict("matched_compute", f"{where}: {hint}", n_checks)
-    reference = _ref("planner", "matched_steps")
+    reference = matched_steps
     cases = [(8e11, 1.35e6, 8, 128), (2e10, 3.1e5, 8, 32), (1e9, 2.0e5, 4, 64),
              (5e8, 1.0e6, 8, 128), (3e11, 7.7e5, 16, 256), (1e12, 4.4e5, 1, 1024)]
     for budget, fpb, b, t in cases:
@@ -102,8 +105,6 @@ def reach(fn: Callable) -> bool:
     """Check fn(kind_name, config) -> how many bytes back from the byte predicted a prediction
     can read, for the kinds char, shaw and segtree (windows) and xl (segments and a memory),
     against the kinds' own `reach`."""
-    from ..kinds import kind_of
-
     cases = [("char", dict(block_size=32)), ("shaw", dict(block_size=128)),
              ("segtree", dict(block_size=64)), ("xl", dict(tgt_len=32, mem_len=0, n_layer=2)),
              ("xl", dict(tgt_len=32, mem_len=32, n_layer=3)),
@@ -147,14 +148,6 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
     matches each arm to the budget and the parameters (the live bench's of Chapter 7.4 by
     default), and each arm, trained `steps` steps, reads held-out text left to right better
     than before training. Prints a line per check; True when all pass."""
-    import torch
-
-    from ..data import load_corpus
-    from ..experiments.bench_all import _segment, _train, read_left_to_right
-    from ..kinds import KINDS
-    from ..model_kind import ModelKind
-    from ..planner import bench_arms, plan_bench
-
     if not isinstance(kind, ModelKind):
         print(f"FAIL contestant: expected a minixl.model_kind.ModelKind, got "
               f"{type(kind).__name__}")
@@ -192,10 +185,10 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
     held = corpus.valid[:2048]
     for p in plans:
         try:
-            segment = _segment(kind, p.config, length)
+            segment = reading_segment(kind, p.config, length)
             torch.manual_seed(0)
             before, _ = read_left_to_right(kind.build(p.config), held, segment=segment)
-            model, _ = _train(kind, replace(p, steps=steps), corpus.train,
+            model, _ = train_arm(kind, replace(p, steps=steps), corpus.train,
                               seed=0, lr=1e-2, device="cpu")
             after, _ = read_left_to_right(model, held, segment=segment)
             ok = after < before - 0.5

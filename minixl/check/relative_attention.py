@@ -10,19 +10,20 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import char_transformer, relative_attention
+from ._common import _call, _verdict
 
 
 def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(q, k, v, w_k, w_v, mask=None) against Chapter 3's relative attention loop."""
-    ref = _ref("relative_attention", "shaw_attention_loop")
+    ref = relative_attention.shaw_attention_loop
     g = torch.Generator().manual_seed(0)
     shapes = [(2, 2, 5, 5, 4, 2), (1, 3, 3, 6, 8, 1), (2, 1, 4, 4, 4, 7), (1, 2, 6, 6, 4, 0)]
     n_checks = 2 * len(shapes)
     for B, H, Tq, Tk, D, K in shapes:
         q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
         w_k, w_v = torch.randn(2, 2 * K + 1, D, generator=g)
-        for mask in (_ref("char_transformer", "causal_mask")(Tq, Tk), None):
+        for mask in (char_transformer.causal_mask(Tq, Tk), None):
             where = (f"for q {tuple(q.shape)}, k {tuple(k.shape)}, K={K}, "
                      f"{'with' if mask is not None else 'without'} a mask")
             got, err = _call(fn, q, k, v, w_k, w_v, mask)
@@ -57,7 +58,7 @@ def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
 def relative_index(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(qlen, klen, max_relative) -> long [qlen, klen]: row clip(j - i, -K, K) + K of
     the distance table for query i (the last qlen of klen positions) and key j."""
-    ref = _ref("relative_attention", "relative_index")
+    ref = relative_attention.relative_index
     cases = [(4, 4, 2), (2, 5, 2), (3, 7, 1), (6, 6, 9), (5, 5, 0), (1, 4, 3)]
     for qlen, klen, K in cases:
         where = f"for qlen={qlen}, klen={klen}, max_relative={K}"
@@ -111,9 +112,9 @@ def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(p [B, H, Tq, Tk], index [Tq, Tk], n_distances) -> [B, H, Tq, n_distances]: the
     attention weight each query pays to each distance, summed over the keys at that distance
     (the value side of Chapter 3's bucket form)."""
-    ref = _ref("relative_attention", "distance_weights")
-    rel_index = _ref("relative_attention", "relative_index")
-    mask_of = _ref("char_transformer", "causal_mask")
+    ref = relative_attention.distance_weights
+    rel_index = relative_attention.relative_index
+    mask_of = char_transformer.causal_mask
     g = torch.Generator().manual_seed(0)
     cases = [(1, 1, 4, 4, 1, True), (2, 3, 5, 5, 2, True), (1, 2, 3, 7, 2, True),
              (2, 1, 4, 6, 9, False), (1, 1, 6, 6, 0, False)]
@@ -164,7 +165,7 @@ def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
     """Check fn(q, k, v, w_k, w_v, mask=None) -> [B, H, Tq, D], exercise 5's relative
     attention with a table per head: w_k, w_v are [H, 2K+1, D], and head h uses w_k[h],
     w_v[h] exactly as shaw_attention uses its one table."""
-    ref = _ref("relative_attention", "shaw_attention")
+    ref = relative_attention.shaw_attention
     g = torch.Generator().manual_seed(0)
     # B != H first: a table indexed by the batch row instead of the head fails at once
     shapes = [(2, 3, 5, 5, 4, 2), (1, 2, 3, 6, 8, 1), (3, 3, 4, 4, 4, 3), (2, 1, 4, 7, 4, 0)]
@@ -177,7 +178,7 @@ def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
     for B, H, Tq, Tk, D, K in shapes:
         q, k, v = (torch.randn(B, H, t, D, generator=g) for t in (Tq, Tk, Tk))
         w_k, w_v = torch.randn(2, H, 2 * K + 1, D, generator=g)
-        for mask in (_ref("char_transformer", "causal_mask")(Tq, Tk), None):
+        for mask in (char_transformer.causal_mask(Tq, Tk), None):
             where = (f"for q {tuple(q.shape)}, tables {tuple(w_k.shape)}, K={K}, "
                      f"{'with' if mask is not None else 'without'} a mask")
             got, err = _call(fn, q, k, v, w_k.clone(), w_v.clone(), mask)

@@ -12,7 +12,8 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import segtree
+from ._common import _call, _verdict
 
 
 _TREE_CASES = [(16, 7, 1), (16, 3, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13, 12, 1),
@@ -20,7 +21,6 @@ _TREE_CASES = [(16, 7, 1), (16, 3, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13,
 
 
 def _spans(n: int, i: int, causal: bool, **rule) -> list[tuple[int, int]]:
-    from .. import segtree
     return sorted(segtree.node_span(n, c.level, c.p)
                   for c in segtree.leaf_context_loop(n, i, causal=causal, **rule))
 
@@ -155,7 +155,6 @@ def causal_tree_graph(fn: Callable[[int], torch.Tensor]) -> bool:
     """Check fn(n) -> bool [N, N] over all nodes (leaves 0..n-1, then each level in turn) for
     the SegTree rule: leaves read themselves and their causal context, internal nodes the
     leaves under them (not themselves)."""
-    from .. import segtree
     cases = [16, 11, 33, 1, 7, 2]
     for n in cases:
         where = f"for n={n}"
@@ -241,15 +240,13 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
 def _graph_level_scores(q, k_level, level: int, side: str) -> torch.Tensor:
     """The scores sibling_scores must give, read off the graph: for each leaf i, its edge of
     type (side, level + 1) under the SegTree rule, q_i . k of that node; -inf where none."""
-    from ..segtree import edge_type, segtree_graph
-
     n = q.size(2)
-    graph = segtree_graph(n)
+    graph = segtree.segtree_graph(n)
     leaves = graph.groups[0]
     first = sum(graph.sizes[:level])  # node id of the level's first node
     out = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype)
     for i in range(n):
-        hit = leaves.valid[i] & (leaves.etype[i] == edge_type(side, level + 1))
+        hit = leaves.valid[i] & (leaves.etype[i] == segtree.edge_type(side, level + 1))
         for node in leaves.index[i][hit].tolist():
             out[:, :, i] = (q[:, :, i] * k_level[:, :, node - first]).sum(-1)
     return out
@@ -261,7 +258,7 @@ def _level_variant(q, k_level, level: int, side: str, *, key_by: int | None = No
     shift is by = 1 on the left side, -1 on the right), or the sibling of the leaf's own
     ancestor instead of its neighbour's (own)."""
     n, by = q.size(2), 1 if side == "left" else -1
-    kn = _ref("segtree", "shift_rows")(k_level, by if key_by is None else key_by)
+    kn = segtree.shift_rows(k_level, by if key_by is None else key_by)
     j = torch.arange(n) - (0 if own else by)  # whose ancestor's sibling leaf i reads
     valid = (j >= 0) & (j < n)
     g = j.clamp(0, n - 1) >> level

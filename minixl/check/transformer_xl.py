@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import data, transformer_xl
+from ._common import _call, _verdict
 
 
 def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
@@ -25,7 +26,7 @@ def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     for shape in shapes:
         x = torch.randn(*shape, generator=g)
         qlen, klen = shape[-2:]
-        dist = _ref("transformer_xl", "relative_distances")(qlen, klen)
+        dist = transformer_xl.relative_distances(qlen, klen)
         keep = dist >= 0
         where = f"for x of shape {shape} ({qlen} queries, memory {klen - qlen})"
         got, err = _call(fn, x)
@@ -135,15 +136,15 @@ def memory_update(fn: Callable[..., list]) -> bool:
 def stream_batches(fn: Callable[..., object]) -> bool:
     """Check fn(data [N], batch_size, seg_len) -> iterable of (x, y) [B, <= seg_len]: B
     contiguous streams, read in consecutive segments, y the byte after each x."""
-    ref = _ref("data", "stream_batches")
+    ref = data.stream_batches
     cases = [(101, 4, 8), (64, 2, 5), (37, 3, 12), (20, 1, 4)]
     for N, B, L in cases:
-        data = torch.arange(N) % 251
+        stream = torch.arange(N) % 251
         where = f"for {N} bytes, batch_size={B}, seg_len={L}"
-        got, err = _call(lambda: [tuple(p) for p in fn(data.clone(), B, L)])
+        got, err = _call(lambda: [tuple(p) for p in fn(stream.clone(), B, L)])
         if err:
             return _verdict("stream_batches", f"{where}: {err}", len(cases))
-        want = list(ref(data, B, L))
+        want = list(ref(stream, B, L))
         if len(got) != len(want):
             return _verdict("stream_batches", f"{where}: {len(got)} batches, expected "
                             f"{len(want)} (each stream holds (N - 1) // B = {(N - 1) // B} "
@@ -157,7 +158,7 @@ def stream_batches(fn: Callable[..., object]) -> bool:
                 continue
             if torch.equal(x.long(), wx) and torch.equal(y.long(), wx):
                 hint = "y equals x; y is the next byte of each x (shifted by one)"
-            elif B > 1 and x[1, 0].item() == data[1].item():
+            elif B > 1 and x[1, 0].item() == stream[1].item():
                 hint = ("the streams interleave the bytes (row b = data[b::B]); each row must "
                         "be one contiguous stretch of text, so that it reads on from the "
                         "previous batch's row")
@@ -208,16 +209,15 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
     the first left. run(tokens, mems) -> (logits, hidden) is one segment of Chapter 4's
     TransformerXL; hidden are its layers' inputs [B, T, C], what memories are made of.
     With mem_len = M + split the result must equal one pass over all of tokens."""
-    XL, Config = _ref("transformer_xl", "TransformerXL"), _ref("transformer_xl",
-                                                               "TransformerXLConfig")
-    encode = _ref("data", "encode")
+    XL, Config = transformer_xl.TransformerXL, transformer_xl.TransformerXLConfig
+    encode = data.encode
     with torch.random.fork_rng():  # leave the caller's random state as it was
         torch.manual_seed(0)
         model = XL(Config(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8,
                           mem_len=8)).eval()  # section 4.6's tiny model and seed
     # weights 10 times their initial size: at init, attention is so flat that some slips
     # move the logits by only about 1e-5 (section 4.6)
-    _ref("transformer_xl", "sharpened")(model)
+    transformer_xl.sharpened(model)
     text = encode("segment one, then segment two!")[None]  # (1, 30), section 4.6's text
     pair = torch.stack([encode("memory carries the first part "), text[0]])  # (2, 30)
     with torch.no_grad():
@@ -310,7 +310,7 @@ def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
             return _verdict("same_length_mask", f"dtype is {got.dtype}, expected torch.bool "
                             "(True = may attend)", len(cases))
         mem = klen - qlen
-        dist = _ref("transformer_xl", "relative_distances")(qlen, klen)  # (M + i) - j
+        dist = transformer_xl.relative_distances(qlen, klen)  # (M + i) - j
         want = (dist >= 0) & (dist <= mem)
         if torch.equal(got, want):
             continue

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from ._common import _call, _ref, _verdict
+from .. import xlnet
+from ._common import _call, _verdict
 
 
 def _bool_masks(got, where: str, shape: tuple, what: str) -> str | None:
@@ -51,7 +52,7 @@ def _mask_slip(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor, order:
                n_predict: int | None, stream: str) -> str | None:
     """The typical slip that turns want into got on the checked rows [..., T], or None."""
     eye = torch.eye(want.size(-1), dtype=torch.bool)
-    ref = _ref("xlnet", "permutation_masks")
+    ref = xlnet.permutation_masks
     k = 0 if stream == "content" else 1
 
     def same(other: torch.Tensor) -> bool:
@@ -99,7 +100,7 @@ def permutation_masks(fn: Callable[..., tuple]) -> bool:
     where position i may attend position j. With n_predict, the first T - n_predict positions
     of the order are context. The query mask is checked on the predicted rows only (the
     others predict nothing)."""
-    ref = _ref("xlnet", "permutation_masks")
+    ref = xlnet.permutation_masks
     cases = _orders()
     for order, n_predict in cases:
         where = _order_text(order, n_predict)
@@ -152,7 +153,7 @@ def _first_wrong(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor,
 def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Check fn(order) -> the query stream's mask, bool [..., T, T]: True where position i may
     attend position j, i.e. j comes strictly earlier than i in the order [..., T]."""
-    ref = _ref("xlnet", "permutation_masks")
+    ref = xlnet.permutation_masks
     cases = [(order, None) for order, n in _orders() if n is None]
     for order, _ in cases:
         where = _order_text(order, None)
@@ -179,7 +180,7 @@ def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
 def _query_update(attn, q_from, kv, mask, resid, *, norm: bool = True):
     """One query-stream update written with attn's own pieces: queries from q_from [B, T, C],
     keys and values from kv [B, M + T, C], mask [B, T, M + T], residual resid (None: none)."""
-    sinusoid, distances = _ref("xlnet", "sinusoid"), _ref("xlnet", "bidirectional_distances")
+    sinusoid, distances = xlnet.sinusoid, xlnet.bidirectional_distances
     T, klen = q_from.size(1), kv.size(1)
     pos_emb = sinusoid(distances(T, klen), q_from.size(-1))
     r_k = attn.heads(pos_emb, attn.r)  # [H, L, D]
@@ -192,7 +193,7 @@ def _query_update(attn, q_from, kv, mask, resid, *, norm: bool = True):
 def _update_cases():
     """(attn, h, g, content_mask, query_mask, mems, where): random orders, full and partial
     prediction, with and without a memory; the biases made as large as trained ones."""
-    attention, masks = _ref("xlnet", "TwoStreamAttention"), _ref("xlnet", "permutation_masks")
+    attention, masks = xlnet.TwoStreamAttention, xlnet.permutation_masks
     g = torch.Generator().manual_seed(0)
     cases = []
     for B, T, M, n_predict in ((1, 4, 0, None), (2, 6, 3, 4), (1, 5, 2, None), (3, 7, 0, 3)):
@@ -331,7 +332,7 @@ def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
     distance is (klen - Tq + i) - j. Every entry is checked: keys lie on both sides."""
     import torch.nn.functional as F
 
-    ref = _ref("xlnet", "rel_shift_bi")
+    ref = xlnet.rel_shift_bi
     g = torch.Generator().manual_seed(0)
     shapes = [((), 3, 3), ((), 3, 5), ((), 1, 4), ((), 4, 9), ((2, 3), 4, 6), ((5,), 2, 2)]
     for lead, qlen, klen in shapes:
@@ -414,7 +415,7 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
     consecutive positions with context between two spans, drawn at random (over many draws
     every span length occurs, spans start anywhere and lie at varying distances, the targets
     move)."""
-    max_span = _ref("xlnet", "MAX_SPAN")
+    max_span = xlnet.MAX_SPAN
     cases = [(32, 11), (64, 11), (16, 8), (12, 1), (40, 20)]
     draws = 200
     for T, n in cases:

@@ -35,7 +35,7 @@ import torch
 from ..reach import LETTERS
 from . import int_list, torch_threads, write_csv
 
-__all__ = ["read_left_to_right", "contestants", "bench_all", "QUALITY_COLUMNS",
+__all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all", "QUALITY_COLUMNS",
            "REACH_COLUMNS", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
            "plot_bench", "merge_runs"]
 
@@ -139,7 +139,9 @@ def _done(path: Path, settings: str) -> list[dict]:
     return rows
 
 
-def _train(kind, plan, data, *, seed: int, lr: float, device: str):
+def train_arm(kind, plan, data, *, seed: int, lr: float, device: str):
+    """(model, seconds): one bench arm's plan trained on data [N] from `seed`, with a tenth
+    of its steps as warm-up and no held-out scores or checkpoints on the way."""
     from ..training import TrainConfig, train
 
     torch.manual_seed(seed)
@@ -155,7 +157,7 @@ def _train(kind, plan, data, *, seed: int, lr: float, device: str):
     return result.model, result.seconds
 
 
-def _segment(kind, config, length: int) -> int:
+def reading_segment(kind, config, length: int) -> int:
     """The common protocol's segment: the training length for a kind that carries a memory
     (its state), a quarter of it for one whose state is the window's earlier bytes (each
     byte then sees at least three quarters of a window)."""
@@ -282,10 +284,11 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 if (name, length, budget, seed) in done_q:
                     continue
                 kind, plan = arms[name][0], plans[name, length, budget]
-                model, seconds = _train(kind, plan, corpus.train, seed=seed, lr=lr, device=device)
+                model, seconds = train_arm(kind, plan, corpus.train, seed=seed, lr=lr,
+                                           device=device)
                 own = evaluate(model, held, kind.protocol(), kind=kind, seq_len=length)
                 common, _ = read_left_to_right(model, held,
-                                               segment=_segment(kind, plan.config, length))
+                                               segment=reading_segment(kind, plan.config, length))
                 quality.append({"arm": name, "kind": kind.name, "length": length,
                                 "budget": budget, "seed": seed,
                                 "params": plan.params, "steps": plan.steps,
@@ -305,8 +308,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                         continue
                     plan = plans[name, reach_length, reach_budget]
                     far = unreachable(kind, plan.config, distance_list)
-                    segment = _segment(kind, plan.config, reach_length)
-                    model, seconds = _train(kind, plan, train_reach.data, seed=seed, lr=lr,
+                    segment = reading_segment(kind, plan.config, reach_length)
+                    model, seconds = train_arm(kind, plan, train_reach.data, seed=seed, lr=lr,
                                             device=device)
                     _, logp = read_left_to_right(model, test.data, segment=segment,
                                                  answers=test.answers)

@@ -67,27 +67,85 @@ def public_names(code: str) -> list[str]:
     return [n for n in names if not n.startswith("_")]
 
 
-def imported_modules(code: str, *, top_level_only: bool = False,
-                      in_package: bool = False) -> set[str]:
-    """The minixl submodules a piece of code imports (absolute or relative imports).
-
-    top_level_only: only the imports that run when the module is imported, not those
-    inside functions (which is how `check` loads later chapters lazily). in_package: the
-    code is a file of a subpackage (minixl/NAME/x.py), whose `..` is minixl and whose `.`
-    is its own package (not counted).
-    """
-    tree = ast.parse(code)
-    found = set()
-    top = 2 if in_package else 1  # the relative level that names minixl itself
-    for node in (tree.body if top_level_only else ast.walk(tree)):
-        if isinstance(node, ast.ImportFrom):
-            absolute = node.level == 0 and (node.module or "").split(".")[0] == "minixl"
-            if absolute or node.level == top:
-                parts = (node.module or "").split(".")[1 if absolute else 0:]
-                found |= {parts[0]} if parts and parts[0] else {a.name for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("minixl.")}
+def package_modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of minixl by its dotted name under the package ("segtree",
+    "experiments.xlnet"; a subpackage by its own name, "check"): its file, and whether it is
+    a package (its file an __init__.py). minixl's own __init__.py is left out: it is the lazy
+    table of every public name, and imports nothing until a name is used."""
+    found = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(PKG).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        if package:
+            parts.pop()
+        if parts:
+            found[".".join(parts)] = (path, package)
     return found
+
+
+def imported_modules(code: str, *, name: str = "", is_package: bool = False,
+                     known=None, top_level_only: bool = False, parents: bool = True) -> set[str]:
+    """The minixl modules a piece of code imports, by dotted name under the package.
+
+    name, is_package: the module the code is (what its relative imports start from; "" for
+    a chapter's cell, which imports minixl absolutely). known: the package's modules, so that
+    `from .pkg import mod` counts pkg.mod and `from .mod import x` counts mod (default: every
+    module of minixl). parents: a submodule counts its packages too (importing
+    minixl.check.xlnet runs minixl/check/__init__.py first). top_level_only: only the import statements that run when
+    the module is imported, not those inside functions. Calls of importlib.import_module are
+    read wherever they are: a string names its module; an f-string names every module under
+    its literal prefix (f"minixl.{name}": all of them), since any of them may be loaded.
+    """
+    known = set(package_modules()) if known is None else set(known)
+    package = name if is_package else name.rpartition(".")[0]
+
+    def absolute(level: int, module: str | None) -> str:
+        """The dotted name (under minixl) of a relative or absolute module reference, or
+        "" for minixl itself; None where it is not in minixl."""
+        if level == 0:
+            top, _, rest = (module or "").partition(".")
+            return rest if top == "minixl" else None
+        base = ["minixl"] + (package.split(".") if package else [])
+        if level > len(base):
+            return None
+        parts = base[:len(base) - level + 1] + ([module] if module else [])
+        return ".".join(parts[1:])
+
+    found = set()
+    nodes = ast.parse(code).body if top_level_only else list(ast.walk(ast.parse(code)))
+    if top_level_only:  # import_module calls anywhere still count
+        nodes += [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call)]
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            source = absolute(node.level, node.module)
+            if source is None:
+                continue
+            subs = {f"{source}.{a.name}".lstrip(".") for a in node.names} & known
+            found |= subs if subs else ({source} if source else set())
+        elif isinstance(node, ast.Import):
+            found |= {m for a in node.names if (m := absolute(0, a.name))}
+        elif (isinstance(node, ast.Call) and node.args
+              and getattr(node.func, "id", getattr(node.func, "attr", "")) == "import_module"):
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                level = len(arg.value) - len(arg.value.lstrip("."))
+                if (target := absolute(level, arg.value[level:] or None)):
+                    found.add(target)
+            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(
+                    arg.values[0], ast.Constant):
+                prefix = arg.values[0].value
+                level = len(prefix) - len(prefix.lstrip("."))
+                stem = prefix[level:]
+                if level == 0 and not stem.startswith("minixl."):
+                    continue
+                head = absolute(level, stem.rstrip(".") or None) if level else stem[7:]
+                if head is not None:
+                    found |= {m for m in known if m.startswith(head.rstrip("."))}
+    with_parents = set(found)
+    for module in found if parents else ():
+        parts = module.split(".")
+        with_parents |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return {m for m in with_parents if m in known and m != name}
 
 
 def literal_all(code: str) -> list[str]:
