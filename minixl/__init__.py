@@ -13,14 +13,15 @@ __version__ = "0.1.0"
 
 _NAMES = {
     'ATTENTION_IMPLS': 'transformer_xl',
-    'AUX_OBJECTIVE': 'book_kinds',
+    'AUX_OBJECTIVE': 'aux_losses.kind',
     'AuxLossConfig': 'aux_losses',
     'AuxLosses': 'aux_losses',
     'AuxObjective': 'aux_losses',
-    'BOOK_KINDS': 'book_kinds',
+    'BOOK_KINDS': 'kinds',
     'BenchArm': 'kinds',
     'Block': 'char_transformer',
     'BuiltModel': 'launch',
+    'CHAR': 'aux_losses.kind',
     'CLS': 'xlnet',
     'CharTransformer': 'char_transformer',
     'CharTransformerConfig': 'char_transformer',
@@ -53,9 +54,11 @@ _NAMES = {
     'PretrainStreams': 'xlnet',
     'Protocol': 'evaluation',
     'RULES': 'segtree',
+    'Registry': 'kinds',
     'RelMultiHeadAttention': 'transformer_xl',
     'RunPlan': 'launch',
     'SEP': 'xlnet',
+    'SHAW': 'relative_attention.kind',
     'SHAW_FORMS': 'relative_attention',
     'SHAW_GATHER_PAIRS': 'relative_attention',
     'SaveFailed': 'training',
@@ -64,7 +67,7 @@ _NAMES = {
     'SegTreeConfig': 'segtree',
     'SegTreeGraph': 'segtree',
     'SegTreeTransformer': 'segtree',
-    'ShawConfig': 'book_kinds',
+    'ShawConfig': 'relative_attention.kind',
     'ShawRelativeAttention': 'relative_attention',
     'TrainConfig': 'training',
     'TrainResult': 'training',
@@ -135,7 +138,7 @@ _NAMES = {
     'node_span': 'segtree',
     'order_ranks': 'xlnet',
     'paper_presets': 'kinds',
-    'parse_aux_losses': 'book_kinds',
+    'parse_aux_losses': 'aux_losses.kind',
     'permutation_masks': 'xlnet',
     'plan_run': 'launch',
     'position_keys': 'transformer_xl',
@@ -187,10 +190,10 @@ _NAMES = {
     'xlnet_batches': 'xlnet',
 }
 _MODULES = (
-    'aux_losses', 'bench', 'book_kinds', 'char_transformer', 'check', 'checkpoint',
-    'cli', 'data', 'device', 'evaluation', 'experiments', 'kinds', 'launch',
-    'model_kind', 'models', 'one_bench', 'options', 'planner', 'plugins', 'reach',
-    'relative_attention', 'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
+    'aux_losses', 'bench', 'char_transformer', 'check', 'checkpoint', 'cli', 'data',
+    'device', 'evaluation', 'experiments', 'kinds', 'launch', 'model_kind', 'models',
+    'one_bench', 'options', 'planner', 'plugins', 'reach', 'relative_attention',
+    'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
 )
 __all__ = sorted(_NAMES) + list(_MODULES)
 

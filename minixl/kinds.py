@@ -1,38 +1,101 @@
 """The registry of model kinds: which kinds `minixl train --model NAME`, `setup_run`, the
 benchmark and `model_from_checkpoint` know, and the presets that pick one.
 
-Hand-written glue (not generated). `KINDS` starts as the book's five (`minixl.book_kinds`,
-imported here, so it is never half-filled) and `register` adds yours. The names a student
-uses are all here: `ModelKind`, `Preset`, `Objective` and `BenchArm` (declared in
-`minixl.model_kind`), `register`, `kind_of`. A kind in a module of your own that is not
-registered yet is loaded by ``--model MODULE:NAME`` (`minixl.plugins`, the layer above this
-one). The registry lives in this module's KINDS: `importlib.reload(minixl.kinds)` would start
-it afresh, with the book's kinds only (reload your own module instead: its kinds replace
-themselves).
+Hand-written glue (not generated). `KINDS` starts as the book's five, named by where each
+is declared, in its chapter's home (`BOOK_KINDS`: `minixl.xlnet.kind` for `xlnet`), and
+loaded on first use, like Hugging Face's auto registry: importing this module imports no
+chapter, and `KINDS["xlnet"]` imports Chapter 5's home and what it needs, never the SegTree
+model. `register` adds yours. The names a student uses are all here: `ModelKind`, `Preset`,
+`Objective` and `BenchArm` (declared in `minixl.model_kind`), `register`, `kind_of`. A kind
+in a module of your own that is not registered yet is loaded by ``--model MODULE:NAME``
+(`minixl.plugins`, the layer above this one). The registry lives in this module's KINDS:
+`importlib.reload(minixl.kinds)` would start it afresh, with the book's kinds only (reload
+your own module instead: its kinds replace themselves).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import MutableMapping
 from dataclasses import MISSING, fields, replace
+from importlib import import_module
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn as nn
 
-from .book_kinds import BOOK_KINDS
 from .checkpoint import CheckpointError, load_checkpoint, saved_config
 from .model_kind import BenchArm, ModelKind, Objective, Preset, not_for, with_overrides
 
-__all__ = ["ModelKind", "Preset", "Objective", "BenchArm", "KINDS", "DEFAULT_MODEL", "register",
+__all__ = ["ModelKind", "Preset", "Objective", "BenchArm", "KINDS", "BOOK_KINDS", "Registry",
+           "DEFAULT_MODEL", "register",
            "kind_of", "registered", "paper_presets", "resolve_preset", "model_fields",
            "with_overrides", "refuse_foreign", "model_from_checkpoint"]
 
-BOOK_ORIGIN = "minixl.book_kinds"
-KINDS: dict[str, ModelKind] = {k.name: k for k in BOOK_KINDS}
+# The book's kinds, in the registry's order: name -> "module:NAME", where it is declared. The
+# char kind lives in Chapter 2's home: it is Chapter 1's model with Chapter 2's losses.
+BOOK_KINDS = {"char": "minixl.aux_losses.kind:CHAR",
+              "shaw": "minixl.relative_attention.kind:SHAW",
+              "xl": "minixl.transformer_xl.kind:XL",
+              "xlnet": "minixl.xlnet.kind:XLNET",
+              "segtree": "minixl.segtree.kind:SEGTREE"}
+
+
+class Registry(MutableMapping):
+    """name -> ModelKind, where a kind may be given by where it is declared ("module:NAME")
+    and is imported when it is first looked up. Listing the names (`in`, `list`, `len`)
+    imports nothing; `values()` and `items()` import every kind."""
+
+    def __init__(self, declared: dict[str, str]):
+        self._where = dict(declared)  # the kinds not imported yet
+        self._kinds: dict[str, ModelKind] = {}
+        self._order = list(declared)
+
+    def __getitem__(self, name: str) -> ModelKind:
+        if name in self._where:
+            module, _, attr = self._where[name].partition(":")
+            kind = getattr(import_module(module), attr)
+            if not isinstance(kind, ModelKind) or kind.name != name:
+                raise TypeError(f"{self._where[name]} is not a ModelKind called {name!r}")
+            self._kinds[name] = kind
+            del self._where[name]
+        return self._kinds[name]
+
+    def __setitem__(self, name: str, kind: ModelKind) -> None:
+        self._where.pop(name, None)
+        if name not in self._kinds:
+            self._order.append(name)
+        self._kinds[name] = kind
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._where.pop(name, None)
+        self._kinds.pop(name, None)
+        self._order.remove(name)
+
+    def __contains__(self, name) -> bool:
+        return name in self._kinds or name in self._where
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def loaded(self) -> list[str]:
+        """The names whose kinds have been imported (the rest are only named)."""
+        return [n for n in self._order if n in self._kinds]
+
+    def __repr__(self) -> str:
+        return (f"Registry({', '.join(n if n in self._kinds else n + ' (not loaded)' for n in self)})")
+
+
+KINDS = Registry(BOOK_KINDS)
 # name -> the module that declared the kind ("__main__" for a notebook cell): a kind declared
 # again by the same module replaces its old self; one from elsewhere may not take its name.
-ORIGINS: dict[str, str | None] = {k.name: BOOK_ORIGIN for k in BOOK_KINDS}
+ORIGINS: dict[str, str | None] = {n: w.partition(":")[0] for n, w in BOOK_KINDS.items()}
 DEFAULT_MODEL = "char"  # what `minixl train` trains without --model
 
 
@@ -59,9 +122,11 @@ def register(*kinds: ModelKind, replace: bool = False, origin: str | None = None
     if twice:
         raise ValueError(f"register() was given two model kinds called {twice[0]!r}")
     for kind in kinds:
-        old = KINDS.get(kind.name)
-        if old is not None and old is not kind and not replace and (
-                ORIGINS.get(kind.name) != origin):
+        # (a book kind not imported yet is imported only to name where it comes from)
+        if replace or kind.name not in KINDS or ORIGINS.get(kind.name) == origin:
+            continue
+        old = KINDS[kind.name]
+        if old is not kind:
             raise ValueError(f"a model kind called {kind.name!r} is registered already "
                              f"(from {old.source or ORIGINS.get(kind.name)}); give yours "
                              "another name, or register(kind, replace=True) to take its place")

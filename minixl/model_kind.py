@@ -17,10 +17,10 @@ them ever asks which model it holds:
   training FLOPs per token for the benchmark, and a line of help for each config field;
 - how it enters the bench of every mechanism (`BenchArm`s: `minixl.planner`).
 
-The layers point one way: `minixl.evaluation` (protocols) <- this module <-
-`minixl.book_kinds` (the book's five kinds, declared, not registered) <- `minixl.kinds` (the
-registry: KINDS, register, kind_of, presets; the public names students import) <-
-`minixl.plugins` (``--model MODULE:NAME``). Nothing here knows which kinds exist. Every model
+The layers point one way: `minixl.evaluation` (protocols) <- this module <- each chapter's
+kind, declared in its home (`minixl.xlnet.kind`), not registered; `minixl.kinds` (the
+registry: KINDS, register, kind_of, presets; the public names students import) names them
+and imports one on first use <- `minixl.plugins` (``--model MODULE:NAME``). Nothing here knows which kinds exist. Every model
 meets the model protocol, ``logits, state = model.step(tokens, state)``, and keeps its config
 as ``model.config`` (a dataclass).
 """
@@ -37,7 +37,8 @@ from .data import OrderedStreams, RandomWindows
 from .evaluation import PROTOCOLS
 from .options import Option, flag
 
-__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "with_overrides", "not_for"]
+__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "with_overrides", "not_for",
+           "TINY_TRAIN", "SMALL_TRAIN", "count_weights", "window_reach"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,11 @@ class BenchArm:
     preset: str | None = None
     help: str = ""
 
+
+# Training settings that most kinds' presets share. tiny: a few CPU minutes; small: a long
+# CPU run or a short GPU one (the papers' shapes have presets of their own).
+TINY_TRAIN = dict(steps=600, batch_size=32, lr=2e-3, eval_every=100, ckpt_every=200)
+SMALL_TRAIN = dict(steps=3000, batch_size=32, lr=1e-3, eval_every=250, ckpt_every=500)
 
 # Help for config fields that most models share; a kind's field_help adds or overrides.
 COMMON_FIELD_HELP = {
@@ -276,6 +282,17 @@ class ModelKind:
 
     def help_for(self, field_name: str) -> str:
         return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
+
+
+def count_weights(model: nn.Module) -> int:
+    """The number of weights of a model (every parameter's elements)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def window_reach(config) -> tuple[int, str]:
+    """The reach of a model that reads a window (config.block_size): a byte is predicted from
+    at most the window's worth of bytes before it."""
+    return config.block_size, f"a window of {config.block_size} bytes"
 
 
 def _streams(data, batch_size: int, length: int, *, seed: int):

@@ -15,7 +15,7 @@ from minixl import (AuxLossConfig, AuxLosses, AuxObjective, CharTransformer,
 from minixl.checkpoint import load_checkpoint
 from minixl.cli import main
 from minixl.data import load_corpus, pydoc_text
-from minixl.book_kinds import parse_aux_losses
+from minixl.aux_losses.kind import parse_aux_losses
 from minixl.kinds import model_from_checkpoint
 
 SMALL = CharTransformerConfig(n_layer=3, d_model=32, n_head=2, d_inner=64, block_size=16)

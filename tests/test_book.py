@@ -54,10 +54,10 @@ def test_book_check_passes_on_the_repo():
 
 @pytest.mark.slow
 def test_book_check_fails_on_a_hand_edited_module(repo_copy):
-    mod = repo_copy / "minixl" / "char_transformer.py"
+    mod = repo_copy / "minixl" / "char_transformer" / "__init__.py"
     mod.write_text(mod.read_text() + "\nHAND_EDIT = 1\n")
     r = book_check(repo_copy)
-    assert r.returncode == 1 and "char_transformer.py is out of date" in r.stderr
+    assert r.returncode == 1 and "char_transformer/__init__.py is out of date" in r.stderr
 
 
 @pytest.mark.slow
@@ -180,10 +180,12 @@ def test_jupyterlab_opens_either_side_of_each_pair(side):
 
 @pytest.mark.slow
 def test_book_check_fails_on_a_stray_generated_module(repo_copy):
-    src = (repo_copy / "minixl" / "char_transformer.py").read_text()
-    (repo_copy / "minixl" / "old_chapter.py").write_text(src)
+    src = (repo_copy / "minixl" / "char_transformer" / "__init__.py").read_text()
+    (repo_copy / "minixl" / "old_chapter").mkdir()
+    (repo_copy / "minixl" / "old_chapter" / "__init__.py").write_text(src)
     r = book_check(repo_copy)
-    assert r.returncode == 1 and "old_chapter.py is generated but no chapter exports it" in r.stderr
+    assert r.returncode == 1 and (
+        "minixl/old_chapter/__init__.py is generated but no chapter exports it") in r.stderr
 
 
 @pytest.mark.slow
@@ -191,7 +193,7 @@ def test_a_mistyped_directive_is_an_error_naming_it(repo_copy):
     md = repo_copy / "book" / "01_char_transformer.md"
     text = md.read_text()
     md.write_text(text.replace("#| export\ndef causal_mask", "#| exprot\ndef causal_mask", 1))
-    before = {p.name: p.read_text() for p in (repo_copy / "minixl").glob("*.py")}
+    before = {p: p.read_text() for p in (repo_copy / "minixl").glob("**/*.py")}
     for command in ("export", "check"):
         r = book_tool(repo_copy, command)
         assert r.returncode == 1
@@ -199,7 +201,7 @@ def test_a_mistyped_directive_is_an_error_naming_it(repo_copy):
                          r"'#\| exprot'", r.stderr), r.stderr
         assert "Traceback" not in r.stderr
     # an export that fails writes nothing (no half-made __init__.py without chapter 1's names)
-    assert {p.name: p.read_text() for p in (repo_copy / "minixl").glob("*.py")} == before
+    assert {p: p.read_text() for p in (repo_copy / "minixl").glob("**/*.py")} == before
 
 
 @pytest.mark.slow
@@ -209,7 +211,7 @@ def test_directive_written_with_a_space_exports_the_same(repo_copy):
     assert text.count("\n#| export\n") > 5
     md.write_text(text.replace("\n#| export\n", "\n# | export\n")
                   .replace("#| default_exp", "# | default_exp"))
-    module = repo_copy / "minixl" / "char_transformer.py"
+    module = repo_copy / "minixl" / "char_transformer" / "__init__.py"
     want = module.read_text()
     module.unlink()
     r = book_tool(repo_copy, "export")
@@ -218,17 +220,18 @@ def test_directive_written_with_a_space_exports_the_same(repo_copy):
 
 
 def test_generated_modules_import_minixl_relatively_only():
-    generated = [p for p in (ROOT / "minixl").glob("*.py") if GENERATED in p.read_text()]
-    assert {p.stem for p in generated} >= {"char_transformer", "aux_losses",
-                                           "relative_attention", "transformer_xl", "__init__"}
+    generated = [p for p in (ROOT / "minixl").glob("**/*.py") if GENERATED in p.read_text()]
+    assert {p.parent.name for p in generated} >= {"char_transformer", "aux_losses",
+                                                  "relative_attention", "transformer_xl",
+                                                  "minixl"}
     for path in generated:
         absolute = re.findall(r"^\s*(?:from|import)\s+minixl\b.*$", path.read_text(), re.M)
         assert not absolute, f"{path.name}: {absolute}"
     # the chapters do write absolute imports in export cells: the exporter rewrites them
     assert "from minixl.char_transformer import" in (
         ROOT / "book" / "03_relative_attention.md").read_text()
-    assert "from .char_transformer import" in (
-        ROOT / "minixl" / "relative_attention.py").read_text()
+    assert "from ..char_transformer import" in (
+        ROOT / "minixl" / "relative_attention" / "__init__.py").read_text()
 
 
 @pytest.mark.slow
@@ -303,8 +306,8 @@ def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_cop
     assert ("book/01_char_transformer.md imports minixl.transformer_xl, which needs chapter "
             "04's module: a chapter may use only what earlier chapters export") in r.stderr
     # also through a hand-written module that imports a later chapter
-    assert ("book/01_char_transformer.md imports minixl.models, which needs chapter 06's "
-            "module (through minixl.book_kinds, minixl.segtree)") in r.stderr
+    assert ("book/01_char_transformer.md imports minixl.models, which needs chapter 03's "
+            "module (through minixl.relative_attention)") in r.stderr
     r = book_check(repo_copy)
     assert r.returncode == 1 and "imports minixl.transformer_xl, which needs" in r.stderr
 
@@ -328,7 +331,7 @@ LATER = {"minixl.transformer_xl", "minixl.aux_losses", "minixl.relative_attentio
 def test_chapter_one_imports_no_later_chapter():
     loaded, _ = loaded_after("import minixl.char_transformer")
     assert not loaded & (LATER | {"minixl.models", "minixl.evaluation", "minixl.kinds",
-                                  "minixl.book_kinds", "minixl.model_kind"}), loaded
+                                  "minixl.aux_losses.kind", "minixl.model_kind"}), loaded
     loaded, _ = loaded_after("import minixl\nminixl.CharTransformer")
     assert not loaded & LATER, loaded
 
@@ -360,14 +363,16 @@ def test_the_package_offers_every_public_name_and_every_module():
     import minixl
     from tools.book.export import TOP_LEVEL
 
-    generated = [p.stem for p in (ROOT / "minixl").glob("*.py")
-                 if p.stem != "__init__" and GENERATED in p.read_text()]
+    generated = [p.parent.name for p in (ROOT / "minixl").glob("*/__init__.py")
+                 if GENERATED in p.read_text()]
+    assert len(generated) == 7, generated  # every chapter's module, in its own home
     for name in generated + list(TOP_LEVEL):
         module = importlib.import_module(f"minixl.{name}")
         assert module.__all__, name
         for public in module.__all__:
             assert getattr(minixl, public) is getattr(module, public), f"minixl.{public}"
-        assert getattr(minixl, name) is module
+        home, _, rest = name.partition(".")
+        assert (getattr(getattr(minixl, home), rest) if rest else getattr(minixl, name)) is module
     for name in minixl._MODULES:
         assert getattr(minixl, name).__name__ == f"minixl.{name}"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

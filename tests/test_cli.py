@@ -311,7 +311,7 @@ BAD = [
      "--model no_such_module:KIND: cannot find a module no_such_module (no no_such_module.py here "
      "or on PYTHONPATH)"),
     (["train", "--model", "minixl.kinds:KINDS"], None,
-     "--model minixl.kinds:KINDS: minixl.kinds.KINDS is a dict, not a minixl.kinds.ModelKind"),
+     "--model minixl.kinds:KINDS: minixl.kinds.KINDS is a Registry, not a minixl.kinds.ModelKind"),
     (["eval", "--checkpoint", "{ckpt}", "--model", "xl"], _copy,
      "holds a --model char checkpoint, not --model xl"),
     (["train", *TINY, "--n-predict", "4"], None, "--n-predict applies to --model xlnet"),
@@ -516,7 +516,7 @@ def test_a_segtree_checkpoint_from_before_the_rule_existed_loads_as_bpt(segtree_
 from minixl.kinds import paper_presets  # noqa: E402
 from minixl.launch import plan_run  # noqa: E402
 
-# What each paper reports (see the comments above each preset in minixl/book_kinds.py).
+# What each paper reports (see the comments above each preset in minixl/*/kind.py).
 PAPER_SHAPES = {
     "t12": dict(n_layer=12, d_model=512, n_head=8, d_inner=2048, block_size=512,
                 pos="per_layer"),
@@ -580,7 +580,7 @@ def test_the_segtree_memory_estimate_bounds_what_a_step_allocates():
     code = """if True:
         import sys, torch
         from torch.profiler import ProfilerActivity, profile
-        from minixl.book_kinds import _segtree_memory
+        from minixl.segtree.kind import segtree_memory
         from minixl.segtree import SegTreeConfig, SegTreeTransformer
         torch.set_num_threads(1)
         rule, k, n, d, depth = sys.argv[1], *map(int, sys.argv[2:])
@@ -598,7 +598,7 @@ def test_the_segtree_memory_estimate_bounds_what_a_step_allocates():
                                 if e.name() == "[memory]"):
             held += nbytes
             peak = max(peak, held)
-        print(_segtree_memory(c, 2), peak)
+        print(segtree_memory(c, 2), peak)
     """
     for args in (["bpt", "8", "1024", "64", "1"], ["bpt", "8", "1024", "64", "4"],
                  ["segtree", "1", "2048", "128", "1"], ["segtree", "1", "2048", "128", "4"]):

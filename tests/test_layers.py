@@ -106,28 +106,76 @@ def test_the_circle_finder_sees_a_circle_through_an_import_inside_a_function():
     assert circles(graph) == []
 
 
+def _reach(graph, start):
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph[todo.pop()] - seen:
+            seen.add(m)
+            todo.append(m)
+    return seen
+
+
 def test_the_layers_of_the_kinds_point_one_way():
-    """evaluation <- model_kind <- book_kinds <- kinds (the registry) <- plugins <- scoring,
-    launch <- cli:
-    none of them reaches a layer above it, even through another module."""
+    """evaluation <- model_kind <- each chapter's kind (minixl.NAME.kind) ... kinds (the
+    registry, which names them and imports none) <- plugins <- scoring, launch <- cli: none
+    of them reaches a layer above it, even through another module (that the registry imports
+    no chapter when it is imported is the next test's)."""
     graph = import_graph()
-    layers = ["minixl.evaluation", "minixl.model_kind", "minixl.book_kinds", "minixl.kinds",
-              "minixl.plugins", "minixl.scoring", "minixl.launch", "minixl.cli"]
-
-    def reach(start):
-        seen, todo = set(), [start]
-        while todo:
-            for m in graph[todo.pop()] - seen:
-                seen.add(m)
-                todo.append(m)
-        return seen
-
+    layers = ["minixl.evaluation", "minixl.model_kind", "minixl.kinds", "minixl.plugins",
+              "minixl.scoring", "minixl.launch", "minixl.cli"]
     for i, layer in enumerate(layers):
-        above = set(layers[i + 1:]) & reach(layer)
+        above = set(layers[i + 1:]) & _reach(graph, layer)
         assert not above, f"{layer} reaches {sorted(above)}"
-    # the chapters' modules and the trainer's loop reach none of them
-    for low in ("minixl.char_transformer", "minixl.xlnet", "minixl.segtree", "minixl.training"):
-        assert not set(layers[1:]) & reach(low), low
+    homes = sorted(n for n in graph if n.endswith(".kind"))
+    assert len(homes) == 5, homes
+    # the chapters' modules, their kinds and the trainer's loop reach none of the registry's
+    # layers; the registry reaches no chapter
+    for low in homes + ["minixl.char_transformer", "minixl.xlnet", "minixl.segtree",
+                        "minixl.training"]:
+        assert not set(layers[2:]) & _reach(graph, low), low
+        assert "minixl.model_kind" in _reach(graph, low) or not low.endswith(".kind"), low
+
+
+def _loaded_after(code: str) -> set[str]:
+    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
+                        "sys.modules if m.startswith('minixl')))"],
+                       capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert r.returncode == 0, r.stderr
+    return set(eval(r.stdout.strip().splitlines()[-1]))
+
+
+def test_the_registry_loads_a_kind_and_what_it_needs_on_first_use():
+    """`import minixl.kinds` imports no chapter; `KINDS["xlnet"]` imports Chapter 5's home
+    and the chapters it builds on, never the SegTree model; listing the names loads none."""
+    chapters = {"minixl.char_transformer", "minixl.aux_losses", "minixl.relative_attention",
+                "minixl.transformer_xl", "minixl.xlnet", "minixl.segtree", "minixl.one_bench"}
+    loaded = _loaded_after("from minixl.kinds import KINDS\n"
+                           "assert list(KINDS) == ['char', 'shaw', 'xl', 'xlnet', 'segtree']\n"
+                           "assert 'segtree' in KINDS and KINDS.loaded() == []")
+    assert not loaded & chapters, loaded
+    loaded = _loaded_after("from minixl.kinds import KINDS\nk = KINDS['xlnet']\n"
+                           "assert k.name == 'xlnet' and KINDS.loaded() == ['xlnet']")
+    assert {"minixl.xlnet", "minixl.xlnet.kind"} <= loaded, loaded
+    assert not loaded & {"minixl.segtree", "minixl.segtree.kind", "minixl.one_bench"}, loaded
+
+
+def test_a_kind_named_in_the_registry_must_be_the_kind_it_names():
+    import importlib
+
+    from minixl.kinds import Registry
+
+    table = Registry({"char": "minixl.aux_losses.kind:CHAR",
+                      "wrong": "minixl.aux_losses.kind:CHAR"})
+    assert "char" in table and table.loaded() == []
+    assert table["char"] is importlib.import_module("minixl.aux_losses.kind").CHAR
+    assert table.loaded() == ["char"]
+    with pytest.raises(TypeError, match="minixl.aux_losses.kind:CHAR is not a ModelKind "
+                                        "called 'wrong'"):
+        table["wrong"]
+    with pytest.raises(KeyError):
+        table["absent"]
+    del table["wrong"]
+    assert list(table) == ["char"] and "wrong" not in table
 
 
 @pytest.mark.slow

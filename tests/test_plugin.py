@@ -289,7 +289,7 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
         first = _run_cell(1.0)["SCALED"]
         second = _run_cell(2.0)["SCALED"]  # the cell, edited and run again: it replaces
         assert kinds.KINDS["scaled"] is second and second is not first
-        importlib.reload(minixl.book_kinds)  # reloading the book's kinds keeps yours
+        importlib.reload(minixl.aux_losses.kind)  # reloading a book kind's home keeps yours
         assert kinds.kind_of("scaled") is second and set(book) < set(kinds.KINDS)
         run = minixl.setup_run("scaled", corpus=str(small_corpus), device="cpu")
         assert run.built.model.config.scale == 2.0
@@ -299,9 +299,9 @@ def test_a_kind_declared_in_a_notebook_cell_can_be_declared_again(small_corpus):
         before = dict(kinds.KINDS)
         fresh = replace(second, name="fresh")
         clash = replace(book["char"], summary="another char")
-        with pytest.raises(ValueError, match="'char' is registered already \\(from "
-                                             "minixl.book_kinds\\); give yours another name, "
-                                             "or register\\(kind, replace=True\\)"):
+        with pytest.raises(ValueError, match="'char' is registered already \\(from minixl."
+                                             "aux_losses.kind\\); give yours another name, or "
+                                             "register\\(kind, replace=True\\)"):
             kinds.register(fresh, clash, origin="other_module")
         with pytest.raises(ValueError, match="window is not a field"):
             exec(CELL.replace("__SCALE__", "1.0").replace('"block_size",\n', '"window",\n'),
@@ -321,7 +321,7 @@ def test_a_kind_made_from_the_books_by_replace_does_not_take_its_name_silently()
 
     mine = replace(kinds.KINDS["char"], summary="my char")  # registered from here
     with pytest.raises(ValueError, match="'char' is registered already \\(from "
-                                         "minixl.book_kinds\\)"):
+                                         "minixl.aux_losses.kind\\)"):
         kinds.register(mine)
     assert kinds.KINDS["char"].summary != "my char"
 

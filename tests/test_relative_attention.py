@@ -12,7 +12,7 @@ from minixl.checkpoint import load_checkpoint
 from minixl.relative_attention import SHAW_FORMS, SHAW_GATHER_PAIRS, shaw_attention_cost, shaw_form
 from minixl.cli import main
 from minixl.data import pydoc_text
-from minixl.book_kinds import ShawConfig
+from minixl.relative_attention.kind import ShawConfig
 from minixl.kinds import KINDS, kind_of, model_from_checkpoint
 
 FAST = [shaw_attention, shaw_attention_gathered]

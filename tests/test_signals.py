@@ -21,7 +21,7 @@ from conftest import first_quick, signalled_at, train_args
 from minixl import CharTransformerConfig
 from minixl.checkpoint import load_checkpoint
 from minixl.evaluation import evaluate
-from minixl.book_kinds import ShawConfig
+from minixl.relative_attention.kind import ShawConfig
 from minixl.kinds import KINDS
 from minixl.training import TrainConfig, TrainingInterrupted, train
 

@@ -3,10 +3,12 @@ minixl/__init__.py, a lazy table of every module's public names.
 
 A chapter is a pair, ``book/NN_name.md`` (MyST markdown) and ``nbs/NN_name.ipynb``. Code cells
 that start with the directive ``#| export`` are written, in order, into the module named by
-the chapter's ``#| default_exp NAME`` cell, as ``minixl/NAME.py``. Directives are the leading
+the chapter's ``#| default_exp NAME`` cell, as ``minixl/NAME/__init__.py``: each chapter's
+module is a package, its home, where the chapter's hand-written files lie beside it (its
+model kind, experiments and checkers). Directives are the leading
 ``#|`` (or ``# |``, as code formatters write it) lines of a cell; an unknown or misplaced one
 is an error, never ignored. Absolute ``from minixl.x import`` lines become relative imports
-in the generated module. The exporter reads the markdown side, which is the text reviewers
+(``from ..x import``) in the generated module. The exporter reads the markdown side, which is the text reviewers
 diff.
 """
 
@@ -18,23 +20,25 @@ from pathlib import Path
 
 from .lint import import_order, undefined_names
 from .paths import GENERATED, NBS, PKG, ROOT, chapters
-from .source import (ExportError, hand_written, literal_all, module_source, public_names,
-                     read_chapter)
+from .source import (ExportError, literal_all, module_source, package_modules,
+                     public_names, read_chapter)
 
 # Hand-written modules whose public names are also offered at the top level (`minixl.train`).
-TOP_LEVEL = ("training", "evaluation", "kinds", "book_kinds", "plugins", "launch", "scoring")
+TOP_LEVEL = ("training", "evaluation", "kinds", "aux_losses.kind", "relative_attention.kind",
+             "plugins", "launch", "scoring")
 
 
 def _relative_imports(code: str, where: str) -> str:
-    """'from minixl.x import y' -> 'from .x import y'; 'import minixl' is refused."""
+    """'from minixl.x import y' -> 'from ..x import y' (the module is a package's
+    __init__.py, whose '.' is its own package); 'import minixl' is refused."""
     out = []
     for line in code.splitlines():
         stripped = line.lstrip()
         if re.match(r"import\s+minixl\b", stripped):
             raise ExportError(f"{where}: exported code must use 'from minixl.x import ...', "
                               f"not {stripped!r}")
-        line = re.sub(r"^(\s*)from\s+minixl\.", r"\1from .", line)
-        line = re.sub(r"^(\s*)from\s+minixl\s+import\b", r"\1from . import", line)
+        line = re.sub(r"^(\s*)from\s+minixl\.", r"\1from ..", line)
+        line = re.sub(r"^(\s*)from\s+minixl\s+import\b", r"\1from .. import", line)
         out.append(line)
     return "\n".join(out)
 
@@ -76,14 +80,15 @@ def render_init(generated: dict[str, str]) -> str:
     table: dict[str, str] = {}
     sources = [(m, literal_all(text)) for m, text in sorted(generated.items())]
     sources += [(m, literal_all(module_source(m))) for m in TOP_LEVEL
-                if m in hand_written()]
+                if m in package_modules()]
     for module, names in sources:
         for name in names:
             if name in table:
                 raise ExportError(f"minixl.{module} and minixl.{table[name]} both export "
                                   f"{name!r}; rename one of them")
             table[name] = module
-    modules = sorted(set(hand_written()) | set(generated))
+    modules = sorted({m.partition(".")[0] for m in package_modules()
+                      if not m.startswith("_")} | set(generated))
     clash = sorted(set(table) & set(modules))
     if clash:
         raise ExportError(f"public names {clash} clash with module names; rename them")
@@ -143,22 +148,27 @@ def export(check: bool = False) -> list[str]:
     problems += import_order(parsed, owner)
     if problems:  # an import-order problem can be a circular import: write nothing
         return problems
-    problems += [p for m, t in texts.items() for p in undefined_names(f"minixl/{m}.py", t)]
+    problems += [p for m, t in texts.items()
+                 for p in undefined_names(f"minixl/{m}/__init__.py", t)]
     try:
-        files = {f"{m}.py": t for m, t in texts.items()} | {"__init__.py": render_init(texts)}
+        files = {f"{m}/__init__.py": t for m, t in texts.items()} | {
+            "__init__.py": render_init(texts)}
     except ExportError as err:
         return problems + [str(err)]
     for name, text in files.items():
         path = PKG / name
         if check:
             if not path.exists() or path.read_text() != text:
-                source = owner[name[:-3]].relative_to(ROOT) if name[:-3] in owner else "the modules"
+                module = name.partition("/")[0]
+                source = owner[module].relative_to(ROOT) if module in owner else "the modules"
                 problems.append(f"minixl/{name} is out of date with {source} (run `make export`)")
         else:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
-    for path in sorted(PKG.glob("*.py")):
-        if path.name not in files and "# " + GENERATED in path.read_text():
-            problems.append(f"minixl/{path.name} is generated but no chapter exports it any "
+    for path in sorted([*PKG.glob("*.py"), *PKG.glob("*/__init__.py")]):
+        name = path.relative_to(PKG).as_posix()
+        if name not in files and "# " + GENERATED in path.read_text():
+            problems.append(f"minixl/{name} is generated but no chapter exports it any "
                             "more; delete it or restore its chapter")
     return problems
 

@@ -13,22 +13,11 @@ DIRECTIVES = {"default_exp": 1, "export": 0}  # name -> number of arguments
 DIRECTIVE = re.compile(r"^#\s*\|\s*(.*)$")
 
 
-def hand_written() -> dict[str, list[Path]]:
-    """The package's hand-written modules and subpackages: name -> its source files (a
-    subpackage's __init__.py first). Generated modules are plain files too; callers that
-    must tell them apart read the GENERATED header."""
-    found = {p.stem: [p] for p in PKG.glob("*.py") if not p.stem.startswith("_")}
-    for init in sorted(PKG.glob("*/__init__.py")):
-        found[init.parent.name] = [init] + sorted(p for p in init.parent.glob("*.py")
-                                                  if p != init)
-    return found
-
-
 def module_source(name: str) -> str:
-    """The text that defines minixl.<name>'s public names: the module, or a package's
-    __init__.py."""
-    path = PKG / f"{name}.py"
-    return (path if path.exists() else PKG / name / "__init__.py").read_text()
+    """The text that defines minixl.<name>'s public names (name dotted under the package:
+    "xlnet.kind"): the module, or a package's __init__.py."""
+    path = PKG.joinpath(*name.split(".")).with_suffix(".py")
+    return (path if path.exists() else PKG.joinpath(*name.split("."), "__init__.py")).read_text()
 
 
 class ExportError(Exception):

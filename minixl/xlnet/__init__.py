@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .char_transformer import eval_mode
-from .data import Batch, step_seed
+from ..char_transformer import eval_mode
+from ..data import Batch, step_seed
 
 
 # %% book/05_xlnet.md, section 5.2 Permutation language modelling

@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .char_transformer import CharTransformer, causal_mask
-from .device import peak_rss_mb
+from ..char_transformer import CharTransformer, causal_mask
+from ..device import peak_rss_mb
 
 
 # %% book/06_segtree.md, section 6.2 The segment tree and the SegTree rule

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
+from ..char_transformer import CharTransformerConfig, MultiHeadAttention, causal_mask
 
 
 # %% book/03_relative_attention.md, section 3.2 Edges between positions

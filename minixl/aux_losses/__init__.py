@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .char_transformer import eval_mode
+from ..char_transformer import eval_mode
 
 
 # %% book/02_aux_losses.md, section 2.2 Multiple positions

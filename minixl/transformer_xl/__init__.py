@@ -28,8 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from .char_transformer import causal_mask, eval_mode, sinusoid_positions
-from .data import stream_batches
+from ..char_transformer import causal_mask, eval_mode, sinusoid_positions
+from ..data import stream_batches
 
 
 # %% book/04_transformer_xl.md, section 4.4 The relative score in four terms
