@@ -20,7 +20,9 @@ import torch
 
 from .device import peak_rss_mb, resolve_device
 from .kinds import KINDS, paper_presets, resolve_preset
+from .launch import build_model
 from .plugins import kind_named
+from .training import ModelWithLoss, make_optimizer, train_step
 
 __all__ = ["PEAKS", "peak_tflops", "bench", "model_point", "models_suite"]
 
@@ -49,9 +51,6 @@ def bench(model: str | None = None, preset: str | None = None, *,
     """Training throughput (forward, backward, AdamW step: `minixl.training.train_step`, with
     the optimiser `minixl train` makes) in tokens/s, and MFU on CUDA, of a model kind at a
     preset (config fields overridden by model_settings; batch_size None: the preset's)."""
-    from .launch import build_model
-    from .training import ModelWithLoss, make_optimizer, train_step
-
     if (batch_size is not None and batch_size < 1) or steps < 1 or warmup < 0:
         raise ValueError(f"need batch_size >= 1, steps >= 1 and warmup >= 0, got {batch_size}, "
                          f"{steps} and {warmup}")

@@ -28,10 +28,13 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .data import DownloadError, decode, encode, load_corpus
 from .device import autocast, resolve_device
 from .evaluation import PROTOCOLS
+from .experiments import EXPERIMENTS
+from .experiments import main as run_entry
 from .kinds import (DEFAULT_MODEL, KINDS, model_fields, model_from_checkpoint, paper_presets,
                     resolve_preset)
 from .options import CHECKPOINT, CORPUS, DEVICE, Option, add_options, flag, parent
 from .plugins import kind_named, load_kind
+from .scoring import check_score, score
 
 __all__ = ["main", "build_parser"]
 
@@ -158,6 +161,8 @@ def _default_out(kind, preset: str) -> str:
 # ---------------------------------------------------------------- train
 
 def cmd_train(args) -> int:
+    # the trainer is imported by the commands that train, here and in _train and cmd_bench:
+    # `minixl sample` and `minixl eval` never load it (a test asserts so)
     from .training.distributed import process_group
 
     # Under torchrun every process runs this; the process group is held for the whole command
@@ -180,7 +185,7 @@ def cmd_train(args) -> int:
 
 def _train(args, ranks) -> int:
     """cmd_train's work, in each process of a distributed run; only rank 0 prints."""
-    from .launch import setup_run
+    from .launch import setup_run  # the trainer: see cmd_train
 
     say = print if ranks.rank == 0 else (lambda *a, **k: None)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
@@ -249,8 +254,6 @@ def cmd_sample(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from .scoring import check_score, score
-
     device = resolve_device(args.device)
     ckpt, model, kind = _checkpoint_model(args, device)
     settings = dict(protocol=args.protocol, seq_len=args.seq_len, stride=args.stride,
@@ -271,7 +274,7 @@ def cmd_eval(args) -> int:
 # ---------------------------------------------------------------- bench
 
 def cmd_bench(args) -> int:
-    from .bench import bench
+    from .bench import bench  # the trainer: see cmd_train
 
     r = bench(args.model, args.preset, model_settings=_given(args, model_fields()),
               batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
@@ -292,8 +295,6 @@ def _suite(args, parser: argparse.ArgumentParser) -> int:
     """`minixl bench --suite NAME [options]`: the registry's entry NAME, with its options
     (all that follows --suite; the benchmark's own options, parsed by `parser`, do not
     apply)."""
-    from .experiments import main as run_entry
-
     own = {k: v for k, v in vars(args).items() if k not in ("suite", "func")}
     if own != {k: v for k, v in vars(parser.parse_args(["bench"])).items()
                if k not in ("suite", "func")}:
@@ -306,8 +307,6 @@ def _suite(args, parser: argparse.ArgumentParser) -> int:
 # ---------------------------------------------------------------- the parser
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments import EXPERIMENTS
-
     p = argparse.ArgumentParser(prog="minixl", description=__doc__.splitlines()[0],
                                 epilog=EPILOG)
     sub = p.add_subparsers(dest="command", required=True)

@@ -81,6 +81,9 @@ def memory_streams(n_bytes: int, seg_len: int, max_streams: int) -> int:
 
 
 # ---------------------------------------------------------------- the book's protocols
+# Each protocol imports the chapter function that scores it when it runs: the protocols sit
+# below the model kinds (minixl.model_kind reads PROTOCOLS), and importing this module loads
+# no chapter.
 
 def _all_positions(model, data, *, seq_len, batch_size, stride):
     from .char_transformer import evaluate_bpc

@@ -30,7 +30,7 @@ from .kinds import KINDS, kind_of
 from .model_kind import BenchArm, ModelKind
 
 __all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
-           "plan_arm", "plan_bench"]
+           "arm_config", "sized_config", "count_arm", "plan_arm", "plan_bench"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
@@ -97,7 +97,7 @@ def bench_arms(kinds=None) -> dict[str, tuple[ModelKind, BenchArm]]:
     return arms
 
 
-def _start(kind: ModelKind, arm: BenchArm, length: int):
+def arm_config(kind: ModelKind, arm: BenchArm, length: int):
     """The arm's config before sizing: its preset, its settings, the bench's length."""
     base, _ = kind.preset(kind.bench_preset(arm))
     names = {f.name for f in fields(base)}
@@ -111,7 +111,7 @@ def _start(kind: ModelKind, arm: BenchArm, length: int):
     return replace(base, **arm.model, **scaled, **{kind.length: length})
 
 
-def _sized(config, width: int | None, depth: int | None):
+def sized_config(config, width: int | None, depth: int | None):
     """config at d_model = width (d_inner keeping its ratio, d_head = width / n_head) and
     n_layer = depth; None keeps a field."""
     changes, names = {}, {f.name for f in fields(config)}
@@ -126,7 +126,7 @@ def _sized(config, width: int | None, depth: int | None):
     return replace(config, **changes)
 
 
-def _count(kind: ModelKind, config, objective_options: dict) -> tuple[int, float]:
+def count_arm(kind: ModelKind, config, objective_options: dict) -> tuple[int, float]:
     """(parameters of the model and its objective, training FLOPs per byte), built on the
     meta device."""
     with torch.device("meta"):
@@ -147,7 +147,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
     """One contestant's plan (see the module docstring)."""
     options = kind.objective_options(kind.bench_preset(arm), {**arm.objective,
                                                              **(objective or {})})
-    start = _start(kind, arm, length)
+    start = arm_config(kind, arm, length)
     notes = []
     names = {f.name for f in fields(start)}
     if {"d_model", "n_head"} <= names:
@@ -155,9 +155,9 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
             """(|log off|, config, params, flops) of the width nearest the target."""
             best, refused = None, None
             for m in range(1, (1 << 15) // start.n_head + 1):
-                config = _sized(start, m * start.n_head, depth)
+                config = sized_config(start, m * start.n_head, depth)
                 try:
-                    weights, flops = _count(kind, config, options)
+                    weights, flops = count_arm(kind, config, options)
                 except ValueError as err:  # a width the kind refuses (too narrow, say)
                     refused = err
                     continue
@@ -186,7 +186,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
                          f"count is {weights:,}")
     else:
         config = start
-        weights, flops = _count(kind, config, options)
+        weights, flops = count_arm(kind, config, options)
         notes.append("no d_model and n_head fields: its preset's size, not resized")
     per_step = flops * batch_size * length
     steps = matched_steps(budget, flops, batch_size=batch_size, length=length)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minixl.experiments.bench_all import (QUALITY_COLUMNS, REACH_COLUMNS, bench_all,
+from minixl.one_bench.bench_all import (QUALITY_COLUMNS, REACH_COLUMNS, bench_all,
                                           contestants, read_left_to_right)
 from minixl.kinds import KINDS
 from minixl.planner import FLOPS_TOLERANCE, PARAMS_TOLERANCE
@@ -141,7 +141,7 @@ def test_runs_made_apart_and_merged_equal_one_run(tmp_path):
     the same plan, quality and reach rows as one process running them all (train_seconds
     aside), the same decision table, a runs.csv row per process; the same folder given twice
     and a folder of other settings are refused."""
-    from minixl.experiments.bench_all import merge_runs
+    from minixl.one_bench.bench_all import merge_runs
 
     whole = tmp_path / "whole"
     _bench(whole, "--models", "char,xl", "--seeds", "0,1")
@@ -255,7 +255,7 @@ def test_reading_left_to_right_is_each_byte_from_what_came_before():
 def test_a_plan_that_changed_since_the_rows_were_written_is_refused(tmp_path):
     """The same settings but another plan (a kind's definition changed): the old rows are
     not mixed with new ones."""
-    from minixl.experiments.bench_all import _settings
+    from minixl.one_bench.bench_all import _settings
 
     settings = _settings(params=20000, batch_size=8, eval_bytes=32768,
                          reach_eval=200, lr=2e-3, distances=[16])
@@ -269,7 +269,7 @@ def test_a_plan_that_changed_since_the_rows_were_written_is_refused(tmp_path):
 
 
 def test_reach_under_the_common_protocol_is_yes_partly_or_no():
-    from minixl.experiments.bench_all import _reachable
+    from minixl.one_bench.bench_all import _reachable
 
     far = {300: "a prediction reads at most 256 bytes back (a window of 256 bytes)"}
     assert _reachable(16, 256, 64, far) == "yes"
@@ -293,7 +293,7 @@ def _r(arm, seed, accuracy, low=16, reachable="yes", budget="1e9"):
 
 
 def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
-    from minixl.experiments.bench_all import NEEDS, decisions, decisions_markdown
+    from minixl.one_bench.bench_all import NEEDS, decisions, decisions_markdown
 
     quality = [_q("a", 0, 2.00), _q("a", 1, 2.02), _q("b", 0, 2.10), _q("b", 1, 2.14),
                _q("x", 0, 3.0, protocol="infill"), _q("x", 1, 3.1, protocol="infill"),
@@ -338,7 +338,7 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
 def test_the_decision_table_says_which_contestants_its_rows_leave_out():
     """A process stopped before an arm's reach runs (or its largest budget): the rows that
     compare the others say so, instead of naming a winner as if every contestant ran."""
-    from minixl.experiments.bench_all import decisions
+    from minixl.one_bench.bench_all import decisions
 
     quality = [_q(a, s, 2.0 + 0.1 * i + 0.001 * s) for i, a in enumerate("abc")
                for s in (0, 1)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from minixl.experiments.bench_cost import COST_COLUMNS
+from minixl.one_bench.bench_cost import COST_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -76,7 +76,7 @@ def _c(arm, length, mb=None, gen=None, slow=None, fits=True, rounds=2):
 
 
 def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
-    from minixl.experiments.bench_all import NEEDS, decisions
+    from minixl.one_bench.bench_all import NEEDS, decisions
 
     quality = [{"arm": "a", "length": "32", "budget": "1e9", "seed": "0",
                 "own_protocol": "all-positions", "own_bpc": "2", "common_bpc": "2"}]

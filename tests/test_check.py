@@ -56,7 +56,7 @@ def test_every_checker_is_tested():
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
-    """check.NAME is defined in minixl/check/MODULE.py, MODULE being the `#| default_exp` of the
+    """check.NAME is defined in minixl/MODULE/check.py, MODULE being the `#| default_exp` of the
     first chapter whose text calls check.NAME(...)."""
     from tools.book.paths import chapters
     from tools.book.source import read_chapter
@@ -69,7 +69,7 @@ def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
     assert set(home) == set(EXERCISES), "every checker is called by a chapter, and only those"
     for name in EXERCISES:
         checker = getattr(check, name)
-        module = f"minixl.check.{home[name]}"
+        module = f"minixl.{home[name]}.check"
         assert checker.__module__ == module, f"check.{name} is defined in {checker.__module__}"
         assert getattr(importlib.import_module(module), name) is checker, name
 

@@ -90,7 +90,7 @@ TINY = {
 
 
 def _hf_ready() -> bool:
-    from minixl.experiments.transformer_xl import HF_VERSION
+    from minixl.transformer_xl.experiments import HF_VERSION
     try:
         import transformers
     except ImportError:
@@ -317,7 +317,7 @@ def _hang_together(run, capsys):
         ("pretraining input + memory", "16", "32", "True")]
     assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_windows", "bpc_memory",
                                                              "bpc_infill"))
-    from minixl.experiments.xlnet import LAYOUT_COLUMNS
+    from minixl.xlnet.experiments import LAYOUT_COLUMNS
     for r in rows:  # the readings with segment ids: the pretraining input's arm only
         assert all((r[k] != "") == (r["reuse_len"] != "0") for k in LAYOUT_COLUMNS)
     pre = rows[-1]  # one segment: the same scores as no ids (softmax ignores a row's constant)
@@ -348,7 +348,7 @@ def _hang_together(run, capsys):
     rows = run("xlnet_objectives", "--arms", "XLNet, 16 targets")
     assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
         ("XLNet, 16 targets", "permutation", "16")]
-    from minixl.experiments.xlnet import OBJECTIVE_ARMS
+    from minixl.xlnet.experiments import OBJECTIVE_ARMS
     assert "XLNet, 16 targets" not in OBJECTIVE_ARMS and len(OBJECTIVE_ARMS) == 5
 
     rows = run("xl_eval_speed")
@@ -415,7 +415,7 @@ def test_hf_xl_times_both_at_the_same_config():
 
     import torch
 
-    from minixl.experiments.transformer_xl import hf_transfoxl, hf_xl
+    from minixl.transformer_xl.experiments import hf_transfoxl, hf_xl
     from minixl.kinds import KINDS
 
     sizes = dict(n_layer=1, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16)
@@ -428,7 +428,7 @@ def test_hf_xl_times_both_at_the_same_config():
 
 
 def test_eval_flops_count_what_each_protocol_redoes():
-    from minixl.experiments.transformer_xl import eval_flops_per_byte
+    from minixl.transformer_xl.experiments import eval_flops_per_byte
 
     sizes = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, vocab_size=10)
     # A segment as long as the window predicts A bytes with the work of one window.
@@ -467,7 +467,7 @@ def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
     last digit."""
     import torch
 
-    from minixl.experiments import segtree as experiments
+    from minixl.segtree import experiments
 
     settings = dict(window_steps=30, tree_steps=15, eval_size=256, n_layer=1, d_model=32,
                     n_head=2, d_inner=64)
@@ -487,7 +487,7 @@ def test_the_flag_task_gives_one_answer_run_to_run(monkeypatch):
         torch.set_num_threads(before)
     assert len(seen) == 1 + 30 + 15 + 15 and set(seen) == {1}
     code = ("import json, torch; torch.set_num_threads(2); "
-            "from minixl.experiments.segtree import flag_reach; "
+            "from minixl.segtree.experiments import flag_reach; "
             f"print(json.dumps(flag_reach(**{settings!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
@@ -505,7 +505,7 @@ def test_the_layout_reading_is_the_pretraining_input_read_left_to_right():
     segment ids, and lets each target see the context and the bytes before it, nothing else."""
     import torch
 
-    from minixl.experiments.xlnet import layout_input
+    from minixl.xlnet.experiments import layout_input
     from minixl.xlnet import CLS, SEP, pretraining_masks
 
     T, R, a_len = 16, 6, 3
@@ -529,7 +529,7 @@ def test_segment_ids_matter_only_where_they_differ():
     """XLNet's segment term compares ids: one id for every position changes no score."""
     import torch
 
-    from minixl.experiments.xlnet import _OneSegment
+    from minixl.xlnet.experiments import _OneSegment
     from minixl.xlnet import XLNet, XLNetConfig
 
     torch.manual_seed(0)
@@ -554,7 +554,7 @@ def test_the_segtree_controls_change_one_thing_each():
     import torch
 
     from minixl.data import RandomWindows
-    from minixl.experiments.segtree import _arm, leaf_keys
+    from minixl.segtree.experiments import _arm, leaf_keys
     from minixl.training import TrainConfig, train
 
     torch.manual_seed(0)

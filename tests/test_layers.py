@@ -136,6 +136,33 @@ def test_the_layers_of_the_kinds_point_one_way():
         assert "minixl.model_kind" in _reach(graph, low) or not low.endswith(".kind"), low
 
 
+CHAPTERS = ["char_transformer", "aux_losses", "relative_attention", "transformer_xl", "xlnet",
+            "segtree", "one_bench"]  # the chapters' homes, in the book's order
+
+
+def test_each_chapters_code_is_in_its_home_and_needs_no_later_chapter():
+    """Every file of minixl named after a chapter lies in that chapter's home (minixl/NAME/);
+    each file of a home, imported, needs no later chapter's module; the registries (of kinds,
+    of runs, of checkers) and the planner need none at all, the trainer and the benchmark
+    Chapter 1's only (the learning-rate schedule). Read file by file, as the chapter-order
+    lint reads them: the imports that run when a module is imported."""
+    from tools.book.lint import import_graph as at_import
+
+    graph = at_import()
+    homeless = [n for n in graph if n.rpartition(".")[2] in CHAPTERS and "." in n]
+    assert homeless == [], homeless
+    for i, chapter in enumerate(CHAPTERS):
+        home = [n for n in graph if n == chapter or n.startswith(chapter + ".")]
+        assert {chapter, f"{chapter}.check"} <= set(home), home
+        for module in home:
+            later = _reach(graph, module) & set(CHAPTERS[i + 1:])
+            assert not later, f"minixl.{module} needs {sorted(later)}"
+    for module, allowed in [("kinds", set()), ("experiments", set()), ("check", set()),
+                            ("planner", set()), ("training", {"char_transformer"}),
+                            ("bench", {"char_transformer"})]:
+        assert _reach(graph, module) & set(CHAPTERS) == allowed, module
+
+
 def _loaded_after(code: str) -> set[str]:
     r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
                         "sys.modules if m.startswith('minixl')))"],

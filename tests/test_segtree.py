@@ -509,7 +509,7 @@ def test_a_memory_point_is_the_layers_own_under_a_large_parent():
     """The benchmark measures each point's memory in a fresh process. Linux carries a parent's
     peak resident size into a child it starts (ru_maxrss), so a child measuring its growth
     from there read 0 MB for every point of a long sweep; the reading must be the child's."""
-    from minixl.experiments.segtree import _memory_point
+    from minixl.segtree.experiments import _memory_point
 
     held = torch.ones(800 * 2**20 // 4)  # this process holds more than the child will use
     held.add_(1)

@@ -111,7 +111,7 @@ def test_the_readme_shows_the_bench_and_links_its_decision_table():
     figure is a PNG of the size plot_bench draws."""
     import csv
 
-    from minixl.experiments.bench_all import decisions, decisions_markdown
+    from minixl.one_bench.bench_all import decisions, decisions_markdown
 
     readme = (ROOT / "README.md").read_text()
     first_screen = readme[:readme.index("## What is in it")]

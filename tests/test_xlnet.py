@@ -1175,7 +1175,7 @@ def test_the_pair_records_have_the_entropies_the_control_claims():
     the cue 1 bit, the first byte with no cue 3 bits and the second given the first none."""
     from collections import Counter
 
-    from minixl.experiments.xlnet import PAIR_BOUNDS, pair_records
+    from minixl.xlnet.experiments import PAIR_BOUNDS, pair_records
 
     rec = pair_records(20000, seed=0).view(-1, 4).tolist()
     assert all(r[0] == ord("|") for r in rec)
@@ -1196,7 +1196,7 @@ def test_the_pair_records_have_the_entropies_the_control_claims():
 def test_the_positive_control_orders_the_three_objectives():
     """Chapter 5's positive control, one seed: each arm read its own way lands near its bound,
     permutation (joint) below independent below causal."""
-    from minixl.experiments.xlnet import CONTROL_ARMS, PAIR_BOUNDS, pair_control
+    from minixl.xlnet.experiments import CONTROL_ARMS, PAIR_BOUNDS, pair_control
 
     rows = pair_control(seeds="0")
     assert [r["arm"] for r in rows] == list(CONTROL_ARMS)

@@ -7,10 +7,11 @@ something is, and returns True when every test passes.
     >>> from minixl import check
     >>> check.attention(my_attention)
 
-Each chapter's checkers live in the module named after the chapter's own module:
-minixl.check.char_transformer (Chapter 1), .aux_losses (2), .relative_attention (3),
-.transformer_xl (4), .xlnet (5), .segtree (6) and .one_bench (7); the verdict helpers they
-share are in minixl.check._common. This package is a table of names, loaded on first use:
+Each chapter's checkers live in its home, beside its module: minixl.char_transformer.check
+(Chapter 1), minixl.aux_losses.check (2), .relative_attention.check (3),
+.transformer_xl.check (4), .xlnet.check (5), .segtree.check (6) and .one_bench.check (7);
+the checks every model kind must pass are minixl.check.kinds, and the verdict helpers they
+all share minixl.check.verdicts. This package is a table of names, loaded on first use:
 `check.attention` imports Chapter 1's checkers and what they import at their top (Chapter
 1's module), never a later chapter's.
 """
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
-# checker -> the module of minixl.check that defines it, in the book's order
+# checker -> the chapter (minixl.NAME.check) or module of minixl.check that defines it, in
+# the book's order
 _WHERE = {
     "causal_mask": "char_transformer", "attention": "char_transformer",  # Chapter 1
     "sinusoid_positions": "char_transformer",
@@ -45,7 +47,9 @@ def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"minixl.check has no checker {name!r}; the checkers are "
                              f"{', '.join(_WHERE)}")
-    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    where = _WHERE[name]
+    value = getattr(import_module(f"minixl.{where}.check" if where != "kinds"
+                                  else f"{__name__}.kinds"), name)
     globals()[name] = value
     return value
 

@@ -10,9 +10,10 @@ line of summary. Two command lines run an entry, the same way:
     minixl bench --suite NAME [--csv PATH] [options]
 
 Both print the rows as a markdown table and write every column to the CSV atomically. Each
-default is small enough for a laptop CPU; a test runs every entry on a tiny setting. The
-chapters' own experiments live beside this file, one module per chapter; the benchmark of
-every model kind is `minixl.bench`.
+default is small enough for a laptop CPU; a test runs every entry on a tiny setting. Each
+chapter's experiments live in its home (`minixl.xlnet.experiments`; Chapter 7's bench in
+`minixl.one_bench.bench_all` and `.bench_cost`), named here and imported when an entry
+runs; the benchmark of every model kind is `minixl.bench`.
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ register(Experiment(
     measured=("tokens_per_s", "tflops", "mfu", "peak_mb")))
 
 register(Experiment(
-    "positions", "minixl.experiments.char_transformer:positions", "book/positions.csv",
+    "positions", "minixl.char_transformer.experiments:positions", "book/positions.csv",
     "Chapter 1: held-out bpc of per-layer position tables and a sinusoid (and the per-layer "
     "tables with the sinusoid model's embedding scale), by depth and seed",
     (Option("depths", str, "4,8", "comma-separated numbers of layers"), _SEEDS,
@@ -270,7 +271,7 @@ register(Experiment(
     measured=("seconds",)))
 
 register(Experiment(
-    "nanogpt_race", "minixl.experiments.char_transformer:nanogpt_race",
+    "nanogpt_race", "minixl.char_transformer.experiments:nanogpt_race",
     "book/nanogpt_race.csv",
     "Chapter 1's loop: `minixl train` against nanoGPT's train.py, whole commands in turn, "
     "on nanoGPT's CPU recipe for Tiny Shakespeare",
@@ -281,11 +282,11 @@ register(Experiment(
      Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)"),
      Option("dtypes", str, "auto", "minixl's --dtype in each round, comma-separated (auto, "
             "its default, is the program called minixl; fp32,auto adds an fp32 run)")),
-    report="minixl.experiments.char_transformer:race_ratio",
+    report="minixl.char_transformer.experiments:race_ratio",
     measured=("seconds",)))
 
 register(Experiment(
-    "depth", "minixl.experiments.aux_losses:depth_sweep", "book/depth_sweep.csv",
+    "depth", "minixl.aux_losses.experiments:depth_sweep", "book/depth_sweep.csv",
     "Chapter 2: held-out bpc by depth, pre/post-norm, with and without intermediate losses",
     (Option("depths", str, "4,16,32", "comma-separated numbers of layers"),
      Option("norms", str, "pre,post", "'pre', 'post' or both: where each layer normalises"),
@@ -299,7 +300,7 @@ register(Experiment(
     measured=("seconds",)))
 
 register(Experiment(
-    "aux_ablation", "minixl.experiments.aux_losses:aux_ablation", "book/aux_ablation.csv",
+    "aux_ablation", "minixl.aux_losses.experiments:aux_ablation", "book/aux_ablation.csv",
     "Chapter 2.6: the losses added one at a time (and two arms without warm-up), 3 seeds, "
     "read by both protocols, and every layer's own readout",
     (_SEEDS, Option("steps", int, 150, "optimiser steps per run (section 2.6: 150)"),
@@ -315,7 +316,7 @@ register(Experiment(
     measured=("train_seconds",)))
 
 register(Experiment(
-    "shaw_cost", "minixl.experiments.relative_attention:shaw_cost", "book/bench_shaw.csv",
+    "shaw_cost", "minixl.relative_attention.experiments:shaw_cost", "book/bench_shaw.csv",
     "Chapter 3: the bucket and gathered forms of Shaw attention, forward + backward, and the "
     "form minixl picks",
     (Option("lengths", str, None, "comma-separated sequence lengths (default 16,32,64,128,256; "
@@ -326,7 +327,7 @@ register(Experiment(
     measured=("bucket_ms", "gathered_ms", "fastest")))
 
 register(Experiment(
-    "shaw_positions", "minixl.experiments.relative_attention:shaw_positions",
+    "shaw_positions", "minixl.relative_attention.experiments:shaw_positions",
     "book/shaw_positions.csv",
     "Chapter 3.7: learned per-layer positions, a sinusoid and Shaw's relative attention, with "
     "and without the sinusoid model's sqrt(C) embedding scale, 3 seeds, at 3 lengths",
@@ -341,7 +342,7 @@ register(Experiment(
     measured=("seconds",)))
 
 register(Experiment(
-    "xl_eval_speed", "minixl.experiments.transformer_xl:xl_eval_speed",
+    "xl_eval_speed", "minixl.transformer_xl.experiments:xl_eval_speed",
     "book/xl_eval_speed.csv",
     "Chapter 4: evaluation time per byte of the sliding window and of XL's memory (hidden "
     "states, keys and values), measured and predicted",
@@ -359,14 +360,14 @@ register(Experiment(
     measured=("sliding_us", "states_us", "kv_us", "measured_states", "measured_kv")))
 
 register(Experiment(
-    "xl_order", "minixl.experiments.transformer_xl:xl_order", "book/xl_order.csv",
+    "xl_order", "minixl.transformer_xl.experiments:xl_order", "book/xl_order.csv",
     "Chapter 4: recurrence vs data order and stale memory, held-out bpc per arm and seed",
     (_SEEDS, Option("steps", int, 250, "optimiser steps per run"),
      Option("eval_bytes", int, 8192, "held-out bytes scored at the end of each run"),
      _THREADS)))
 
 register(Experiment(
-    "hf-xl", "minixl.experiments.transformer_xl:hf_xl", "book/bench_hf_xl.csv",
+    "hf-xl", "minixl.transformer_xl.experiments:hf_xl", "book/bench_hf_xl.csv",
     "Chapter 4: forward + backward tokens/s of minixl's Transformer-XL against Hugging "
     "Face's TransfoXL (transformers 4.37.x) at one --model xl preset",
     (Option("preset", str, "xl-base", "the --model xl preset both are built at"),
@@ -379,7 +380,7 @@ register(Experiment(
     measured=("minixl_tokens_per_s", "hf_tokens_per_s", "ratio")))
 
 register(Experiment(
-    "xlnet_memory", "minixl.experiments.xlnet:xlnet_memory", "book/xlnet_memory.csv",
+    "xlnet_memory", "minixl.xlnet.experiments:xlnet_memory", "book/xlnet_memory.csv",
     "Chapter 5.6: XLNet with and without its memory across segments (random windows, ordered "
     "streams, the paper's pretraining input), held-out bpc of three readings per arm and seed; "
     "the pretraining arm also read with its segment ids",
@@ -395,7 +396,7 @@ register(Experiment(
     measured=("train_seconds",)))
 
 register(Experiment(
-    "xlnet_k_cost", "minixl.experiments.xlnet:xlnet_k_cost", "book/xlnet_k_cost.csv",
+    "xlnet_k_cost", "minixl.xlnet.experiments:xlnet_k_cost", "book/xlnet_k_cost.csv",
     "Chapter 5.5: a training step's time against K in interleaved rounds (fastest and "
     "median), beside its FLOPs split into the content and the query stream",
     (Option("ks", str, "1,2,4,6,8", "comma-separated K (n_predict = 64 // K)"),
@@ -408,7 +409,7 @@ register(Experiment(
     measured=("fastest_ms", "median_ms", "fastest_ratio", "median_ratio")))
 
 register(Experiment(
-    "xlnet_objectives", "minixl.experiments.xlnet:xlnet_objectives",
+    "xlnet_objectives", "minixl.xlnet.experiments:xlnet_objectives",
     "book/xlnet_objectives.csv",
     "Chapter 5.8: causal, XLNet (11 and 64 targets, and span targets) and BERT-style "
     "objectives on one model, 3 seeds, held-out infilling and left-to-right bpc",
@@ -422,7 +423,7 @@ register(Experiment(
     measured=("train_seconds",)))
 
 register(Experiment(
-    "xlnet_control", "minixl.experiments.xlnet:pair_control", "book/xlnet_control.csv",
+    "xlnet_control", "minixl.xlnet.experiments:pair_control", "book/xlnet_control.csv",
     "Chapter 5.2: the positive control: one small XLNet trained by the permutation, "
     "independent and causal objectives on pair records, bits per pair read three ways",
     (_SEEDS, Option("steps", int, 500, "optimiser steps per run"),
@@ -431,7 +432,7 @@ register(Experiment(
     ("arm", "seed", "steps", "bits_joint", "bits_independent", "bits_causal")))
 
 register(Experiment(
-    "segtree_cost", "minixl.experiments.segtree:segtree_bench", "book/segtree_cost.csv",
+    "segtree_cost", "minixl.segtree.experiments:segtree_bench", "book/segtree_cost.csv",
     "Chapter 6.7: one causal attention layer (SegTree fast and gathered, dense fused and "
     "written out) against n, interleaved rounds in one process, peak memory per point in "
     "a fresh one",
@@ -441,11 +442,11 @@ register(Experiment(
      Option("methods", str, "segtree,segtree-gathered,dense-fused,dense-written,"
             "segtree-projections", "comma-separated layers to measure"), DEVICE),
     ("method", "n", "seconds", "median_seconds", "peak_mb"),
-    report="minixl.experiments.segtree:bench_report",
+    report="minixl.segtree.experiments:bench_report",
     measured=("seconds", "median_seconds", "peak_mb")))
 
 register(Experiment(
-    "segtree_quality", "minixl.experiments.segtree:segtree_quality", "book/segtree_quality.csv",
+    "segtree_quality", "minixl.segtree.experiments:segtree_quality", "book/segtree_quality.csv",
     "Chapter 6.8: held-out bpc of dense, Shaw and SegTree (pre- and post-norm) models at "
     "windows 256 to 1,024, 3 seeds",
     (Option("windows", str, "256,512,1024", "comma-separated window lengths"),
@@ -463,7 +464,7 @@ register(Experiment(
     measured=("train_seconds",)))
 
 register(Experiment(
-    "segtree_reach", "minixl.experiments.segtree:segtree_reach", "book/segtree_reach.csv",
+    "segtree_reach", "minixl.segtree.experiments:segtree_reach", "book/segtree_reach.csv",
     "Chapter 6.9: reach through the tree's summaries (a flag question, and recall of 6 "
     "letters) against dense models with a short and a full window",
     (Option("window", int, 512, "the SegTree model's window (and the long dense one's)"),
@@ -481,7 +482,7 @@ register(Experiment(
      "bits")))
 
 register(Experiment(
-    "bench_all", "minixl.experiments.bench_all:bench_all", "book/bench/quality.csv",
+    "bench_all", "minixl.one_bench.bench_all:bench_all", "book/bench/quality.csv",
     "The bench of every mechanism: every contestant at one parameter count and each budget of "
     "training FLOPs (minixl.planner), held-out bpc under its own protocol and read left to "
     "right, and the reach task by distance; plan.csv and reach.csv beside --csv, each point "
@@ -508,7 +509,7 @@ register(Experiment(
     measured=("train_seconds", "seconds", "ended")))
 
 register(Experiment(
-    "bench_cost", "minixl.experiments.bench_cost:bench_cost", "book/bench/cost.csv",
+    "bench_cost", "minixl.one_bench.bench_cost:bench_cost", "book/bench/cost.csv",
     "The bench's cost against length: every contestant at one parameter count, time and "
     "peak memory per byte of a training step (memory in a fresh process, under a cap), of "
     "reading and of generating byte by byte; what does not fit is written as such",
@@ -527,6 +528,6 @@ register(Experiment(
      _THREADS),
     ("arm", "length", "shape", "params", "segment", "fits", "train_peak_mb", "train_ms_per_byte",
      "read_ms_per_byte", "generate_ms_per_byte", "note"),
-    report="minixl.experiments.bench_cost:report", beside=True,
+    report="minixl.one_bench.bench_cost:report", beside=True,
     measured=("train_peak_mb", "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
               "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest")))

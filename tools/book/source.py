@@ -58,7 +58,7 @@ def public_names(code: str) -> list[str]:
 
 def package_modules() -> dict[str, tuple[Path, bool]]:
     """Every module of minixl by its dotted name under the package ("segtree",
-    "experiments.xlnet"; a subpackage by its own name, "check"): its file, and whether it is
+    "xlnet.kind"; a subpackage by its own name, "check"): its file, and whether it is
     a package (its file an __init__.py). minixl's own __init__.py is left out: it is the lazy
     table of every public name, and imports nothing until a name is used."""
     found = {}
@@ -80,8 +80,8 @@ def imported_modules(code: str, *, name: str = "", is_package: bool = False,
     a chapter's cell, which imports minixl absolutely). known: the package's modules, so that
     `from .pkg import mod` counts pkg.mod and `from .mod import x` counts mod (default: every
     module of minixl). parents: a submodule counts its packages too (importing
-    minixl.check.xlnet runs minixl/check/__init__.py first). top_level_only: only the import statements that run when
-    the module is imported, not those inside functions. Calls of importlib.import_module are
+    minixl.xlnet.check runs minixl/xlnet/__init__.py first). top_level_only: only the import
+    statements that run when the module is imported, not those inside functions. Calls of importlib.import_module are
     read wherever they are: a string names its module; an f-string names every module under
     its literal prefix (f"minixl.{name}": all of them), since any of them may be loaded.
     """

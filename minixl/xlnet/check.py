@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from .. import xlnet
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 def _bool_masks(got, where: str, shape: tuple, what: str) -> str | None:
@@ -104,18 +104,18 @@ def permutation_masks(fn: Callable[..., tuple]) -> bool:
     cases = _orders()
     for order, n_predict in cases:
         where = _order_text(order, n_predict)
-        got, err = _call(fn, order) if n_predict is None else _call(fn, order, n_predict=n_predict)
+        got, err = call(fn, order) if n_predict is None else call(fn, order, n_predict=n_predict)
         if err:
-            return _verdict("permutation_masks", f"{where}: {err}", len(cases))
+            return verdict("permutation_masks", f"{where}: {err}", len(cases))
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            return _verdict("permutation_masks", f"{where}: expected a pair (content_mask, "
+            return verdict("permutation_masks", f"{where}: expected a pair (content_mask, "
                             f"query_mask), got {type(got).__name__}", len(cases))
         want = ref(order, n_predict=n_predict)
         shape = (*order.shape, order.size(-1))
         for mask, what in zip(got, ("content mask", "query mask")):
             problem = _bool_masks(mask, where, shape, what)
             if problem:
-                return _verdict("permutation_masks", problem, len(cases))
+                return verdict("permutation_masks", problem, len(cases))
         content, query = got
         rank = _ranks(order, n_predict)
         predicted, every = rank > 0, torch.ones_like(rank, dtype=torch.bool)
@@ -134,8 +134,8 @@ def permutation_masks(fn: Callable[..., tuple]) -> bool:
             hint = f"in the {stream} mask: " + (
                 _mask_slip(mine, right, rows, order, n_predict, stream)
                 or _first_wrong(mine, right, rows, rank, stream))
-        return _verdict("permutation_masks", f"{where}: {hint}", len(cases))
-    return _verdict("permutation_masks", None, len(cases))
+        return verdict("permutation_masks", f"{where}: {hint}", len(cases))
+    return verdict("permutation_masks", None, len(cases))
 
 
 def _first_wrong(got: torch.Tensor, want: torch.Tensor, rows: torch.Tensor,
@@ -157,13 +157,13 @@ def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     cases = [(order, None) for order, n in _orders() if n is None]
     for order, _ in cases:
         where = _order_text(order, None)
-        got, err = _call(fn, order)
+        got, err = call(fn, order)
         if err:
-            return _verdict("query_stream_mask", f"{where}: {err}", len(cases))
+            return verdict("query_stream_mask", f"{where}: {err}", len(cases))
         want = ref(order)[1]
         problem = _bool_masks(got, where, tuple(want.shape), "query mask")
         if problem:
-            return _verdict("query_stream_mask", problem, len(cases))
+            return verdict("query_stream_mask", problem, len(cases))
         if torch.equal(got, want):
             continue
         every = torch.ones(order.shape, dtype=torch.bool)
@@ -173,8 +173,8 @@ def query_stream_mask(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         else:
             hint = (_mask_slip(got, want, every, order, None, "query")
                     or _first_wrong(got, want, every, rank, "query"))
-        return _verdict("query_stream_mask", f"{where}: {hint}", len(cases))
-    return _verdict("query_stream_mask", None, len(cases))
+        return verdict("query_stream_mask", f"{where}: {hint}", len(cases))
+    return verdict("query_stream_mask", None, len(cases))
 
 
 def _query_update(attn, q_from, kv, mask, resid, *, norm: bool = True):
@@ -224,12 +224,12 @@ def query_stream_update(fn: Callable[..., torch.Tensor]) -> bool:
     for attn, h, g, content, query, mems, where in cases:
         B, T, _ = h.shape
         h, g = h.clone().requires_grad_(), g.clone().requires_grad_()
-        got, err = _call(fn, attn, h, g, content, query, mems=mems)
+        got, err = call(fn, attn, h, g, content, query, mems=mems)
         if err:
-            return _verdict("query_stream_update", f"{where}: {err}", len(cases))
+            return verdict("query_stream_update", f"{where}: {err}", len(cases))
         if not isinstance(got, torch.Tensor) or got.shape != g.shape:
             what = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            return _verdict("query_stream_update", f"{where}: expected the new g, a tensor "
+            return verdict("query_stream_update", f"{where}: expected the new g, a tensor "
                             f"of shape {tuple(g.shape)} [B, T, C], got {what}", len(cases))
         cat = h if mems is None else torch.cat([mems, h], 1)
         seen = torch.ones(B, T, cat.size(1) - T, dtype=torch.bool)
@@ -260,7 +260,7 @@ def query_stream_update(fn: Callable[..., torch.Tensor]) -> bool:
                           "and values are [memory; h], and every query sees all of the memory."))
         for other, hint in slips:
             if torch.allclose(got, other, atol=1e-5):
-                return _verdict("query_stream_update", f"{where}: {hint}", len(cases))
+                return verdict("query_stream_update", f"{where}: {hint}", len(cases))
         # the gradient probe: what each query reads of h, against what its mask allows (a
         # random direction: the sum of a layer norm's output does not move)
         proj = torch.randn(got.size(-1), generator=torch.Generator().manual_seed(1))
@@ -275,16 +275,16 @@ def query_stream_update(fn: Callable[..., torch.Tensor]) -> bool:
                 if wrong:
                     j = wrong[0]
                     what = "its own content" if j == i else f"the content of position {j}"
-                    return _verdict("query_stream_update", f"{where}: the query at position {i} "
+                    return verdict("query_stream_update", f"{where}: the query at position {i} "
                                     f"reads {what}, which its mask hides (the query stream "
                                     "must never see the byte it predicts, nor one ranked "
                                     "after it)", len(cases))
         worst = (got - want).abs().max().item()
-        return _verdict("query_stream_update", f"{where}: the new g differs from the layer's "
+        return verdict("query_stream_update", f"{where}: the new g differs from the layer's "
                         f"by up to {worst:.3g}; scores are (q + u) . k + (q + v) . W_r R_(i-j), "
                         "over sqrt(d_head), a masked softmax, the output projection, then "
                         "layer_norm(g + out)", len(cases))
-    return _verdict("query_stream_update", None, len(cases))
+    return verdict("query_stream_update", None, len(cases))
 
 
 def targets_for_k(fn: Callable[[int, int], int]) -> bool:
@@ -294,19 +294,19 @@ def targets_for_k(fn: Callable[[int, int], int]) -> bool:
     cases = [(64, 1), (64, 2), (64, 4), (64, 6), (512, 6), (512, 7), (100, 6), (10, 3)]
     for T, K in cases:
         where = f"for seq_len={T}, K={K}"
-        got, err = _call(fn, T, K)
+        got, err = call(fn, T, K)
         if err:
-            return _verdict("targets_for_k", f"{where}: {err}", len(cases))
+            return verdict("targets_for_k", f"{where}: {err}", len(cases))
         want = round(T / K)
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, int) or isinstance(got, bool):
             if isinstance(got, float) and abs(got - T / K) < 1e-9 and got != want:
-                return _verdict("targets_for_k", f"{where}: got {got}, a fraction: the number "
+                return verdict("targets_for_k", f"{where}: got {got}, a fraction: the number "
                                 f"of targets is a whole number, here {want} (round T / K)",
                                 len(cases))
             if not (isinstance(got, float) and got == want):
-                return _verdict("targets_for_k", f"{where}: expected a whole number of "
+                return verdict("targets_for_k", f"{where}: expected a whole number of "
                                 f"targets, got {got!r}", len(cases))
             got = int(got)
         if got == want:
@@ -322,8 +322,8 @@ def targets_for_k(fn: Callable[[int, int], int]) -> bool:
                     "chapter's K about 6 of 64 positions is 11 targets).")
         else:
             hint = f"expected {want} targets (about seq_len / K), got {got}."
-        return _verdict("targets_for_k", f"{where}: {hint}", len(cases))
-    return _verdict("targets_for_k", None, len(cases))
+        return verdict("targets_for_k", f"{where}: {hint}", len(cases))
+    return verdict("targets_for_k", None, len(cases))
 
 
 def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
@@ -339,19 +339,19 @@ def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
         x = torch.randn(*lead, qlen, klen + qlen - 1, generator=g)
         where = (f"for x of shape {tuple(x.shape)} ({qlen} queries, klen={klen}: memory "
                  f"{klen - qlen})")
-        got, err = _call(fn, x, klen)
+        got, err = call(fn, x, klen)
         if err:
-            return _verdict("rel_shift_bi", f"{where}: {err}", len(shapes))
+            return verdict("rel_shift_bi", f"{where}: {err}", len(shapes))
         want = ref(x, klen)
         if not isinstance(got, torch.Tensor):
-            return _verdict("rel_shift_bi", f"{where}: expected a torch.Tensor, got "
+            return verdict("rel_shift_bi", f"{where}: expected a torch.Tensor, got "
                             f"{type(got).__name__}", len(shapes))
         if got.shape != want.shape:
             cut = got.shape[:-1] == want.shape[:-1] and got.size(-1) > klen and torch.allclose(
                 got[..., :klen], want)
             hint = (" Right up to column klen: cut the result to its first klen columns, one "
                     "per key." if cut else "")
-            return _verdict("rel_shift_bi", f"{where}: the output is {tuple(got.shape)}, "
+            return verdict("rel_shift_bi", f"{where}: the output is {tuple(got.shape)}, "
                             f"expected {tuple(want.shape)} [..., Tq, klen].{hint}", len(shapes))
         if torch.allclose(got, want):
             continue
@@ -394,8 +394,8 @@ def rel_shift_bi(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> bool:
         else:
             hint = ("the values differ from the reference: the result at [..., i, j] is "
                     "x[..., i, Tq - 1 - i + j].")
-        return _verdict("rel_shift_bi", f"{where}: {hint}", len(shapes))
-    return _verdict("rel_shift_bi", None, len(shapes))
+        return verdict("rel_shift_bi", f"{where}: {hint}", len(shapes))
+    return verdict("rel_shift_bi", None, len(shapes))
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -423,28 +423,28 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
         seen_lengths, firsts, sets, gaps = set(), set(), set(), set()
         for d in range(draws):
             torch.manual_seed(d)
-            got, err = _call(fn, T, n)
+            got, err = call(fn, T, n)
             if err:
-                return _verdict("span_targets", f"{where}: {err}", len(cases))
+                return verdict("span_targets", f"{where}: {err}", len(cases))
             if not isinstance(got, torch.Tensor) or got.dim() != 1 or got.dtype.is_floating_point:
-                return _verdict("span_targets", f"{where}: expected a 1-D integer tensor of "
+                return verdict("span_targets", f"{where}: expected a 1-D integer tensor of "
                                 f"positions, got {got!r:.80}", len(cases))
             pos = sorted(got.tolist())
             if len(pos) != n:
                 hint = (" The last span must be cut so that the lengths add up to n_predict."
                         if len(pos) > n else "")
-                return _verdict("span_targets", f"{where}: {len(pos)} positions, expected "
+                return verdict("span_targets", f"{where}: {len(pos)} positions, expected "
                                 f"{n}.{hint}", len(cases))
             if len(set(pos)) != n:
-                return _verdict("span_targets", f"{where}: a position appears twice ({pos}): "
+                return verdict("span_targets", f"{where}: a position appears twice ({pos}): "
                                 "spans overlap", len(cases))
             if pos[0] < 0 or pos[-1] >= T:
-                return _verdict("span_targets", f"{where}: positions {pos} leave [0, {T})",
+                return verdict("span_targets", f"{where}: positions {pos} leave [0, {T})",
                                 len(cases))
             runs = _runs(pos)
             long = [r for r in runs if r[1] > max_span]
             if long:
-                return _verdict("span_targets", f"{where}: a run of {long[0][1]} targets from "
+                return verdict("span_targets", f"{where}: a run of {long[0][1]} targets from "
                                 f"position {long[0][0]} ({pos}): spans are 1 to {max_span} "
                                 "long, and two spans need context between them (a span that "
                                 "touches the next one makes a longer span)", len(cases))
@@ -453,19 +453,19 @@ def span_targets(fn: Callable[[int, int], torch.Tensor]) -> bool:
             firsts.add(pos[0])
             sets.add(tuple(pos))
         if len(sets) == 1:
-            return _verdict("span_targets", f"{where}: every draw gave the same targets "
+            return verdict("span_targets", f"{where}: every draw gave the same targets "
                             f"{list(sets)[0]}: draw them at random (torch's generator)",
                             len(cases))
         if firsts == {0}:
-            return _verdict("span_targets", f"{where}: the first span always starts at 0: place "
+            return verdict("span_targets", f"{where}: the first span always starts at 0: place "
                             "the spans at random among the context", len(cases))
         if gaps and max(gaps) == 1 and T - n > 2 * n:
-            return _verdict("span_targets", f"{where}: two spans are always 1 byte apart: the "
+            return verdict("span_targets", f"{where}: two spans are always 1 byte apart: the "
                             "context between spans must be placed at random too, not all at "
                             "the ends", len(cases))
         possible = set(range(1, min(max_span, n) + 1))
         if n >= 2 * max_span and not possible <= seen_lengths:
-            return _verdict("span_targets", f"{where}: in {draws} draws the spans had lengths "
+            return verdict("span_targets", f"{where}: in {draws} draws the spans had lengths "
                             f"{sorted(seen_lengths)} only, expected every length from 1 to "
                             f"{max_span}", len(cases))
-    return _verdict("span_targets", None, len(cases))
+    return verdict("span_targets", None, len(cases))

@@ -2,13 +2,18 @@
 Transformer-XL against Hugging Face's.
 
 Hand-written (not generated): entries of the registry of runs (`minixl.experiments`); the
-chapter plots the stored CSV and names the command that made it. Chapter modules are
-imported inside the functions, so that importing this module costs nothing.
+chapter plots the stored CSV and names the command that made it. The registry imports this
+module only when one of its entries runs.
 """
 
 from __future__ import annotations
 
-from . import int_list, keep_row, pins_threads
+from ..aux_losses import evaluate_bpc_sliding
+from ..data import OrderedStreams, RandomWindows, load_corpus
+from ..device import autocast, resolve_device
+from ..experiments import int_list, keep_row, pins_threads
+from ..kinds import kind_of, resolve_preset, with_overrides
+from ..transformer_xl import TransformerXL, TransformerXLConfig, evaluate_bpc_xl
 
 __all__ = ["eval_flops_per_byte", "xl_eval_speed", "xl_order", "hf_xl", "hf_transfoxl", "HF_VERSION"]
 
@@ -62,9 +67,6 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
 
     import torch
 
-    from ..device import autocast, resolve_device
-    from ..kinds import kind_of
-    from ..transformer_xl import TransformerXL, TransformerXLConfig
 
     A_list = int_list(lengths, "lengths")
     if min(streams, tgt_len, passes) < 1 or min(A_list) < tgt_len:
@@ -137,9 +139,6 @@ def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
     import torch
     import torch.nn.functional as F
 
-    from ..aux_losses import evaluate_bpc_sliding
-    from ..data import OrderedStreams, RandomWindows, load_corpus
-    from ..transformer_xl import TransformerXL, TransformerXLConfig, evaluate_bpc_xl
 
     seed_list = int_list(seeds, "seeds", 0)
     if min(steps, eval_bytes) < 64:
@@ -248,8 +247,6 @@ def hf_xl(preset: str = "xl-base", batch_size: int | None = None, steps: int = 1
     import torch
     import torch.nn.functional as F
 
-    from ..device import autocast, resolve_device
-    from ..kinds import resolve_preset, with_overrides
 
     _transfoxl()  # the clear error first
     kind, preset = resolve_preset("xl", preset)

@@ -17,7 +17,14 @@ import time
 
 import torch
 
-from . import int_list, keep_row, pins_threads, torch_threads
+from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
+from ..data import RandomWindows, load_corpus
+from ..device import resolve_device
+from ..experiments import int_list, keep_row, pins_threads, torch_threads
+from ..relative_attention import SHAW_FORMS, ShawRelativeAttention, shaw_factory, shaw_form
+from ..segtree import (LAYER_METHODS, SegTreeConfig, SegTreeTransformer, interleaved_times,
+                       layer_step, loglog_slope, segtree_graph)
+from ..training import TrainConfig, train
 
 __all__ = ["segtree_bench", "bench_report", "segtree_quality", "flag_batch", "flag_question",
            "WindowClassifier", "flag_reach", "recall_records", "segtree_reach"]
@@ -45,9 +52,6 @@ def segtree_bench(max_n: int = 65536, min_n: int = 1024, rounds: int = 3,
     """At n = min_n, 2 min_n, ..., max_n: every method's time in one process, in interleaved
     rounds on the same input size (the fastest round and the median), and its peak memory,
     measured in a fresh process per point so that it is the layer's own."""
-    from ..device import resolve_device
-    from ..segtree import LAYER_METHODS, interleaved_times, layer_step
-
     names = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = [m for m in names if m not in LAYER_METHODS]
     if unknown or not names:
@@ -80,8 +84,6 @@ TOP_FROM = 8192  # the slope is fitted from here up, where fixed costs no longer
 def bench_report(rows: list[dict]) -> str:
     """Per n: the SegTree layer's speed-up and memory against dense fused; its fitted slope;
     each goal met or not."""
-    from ..segtree import loglog_slope
-
     def of(method):
         return {r["n"]: r for r in rows if r["method"] == method}
 
@@ -134,10 +136,6 @@ SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256)
 
 
 def _arm(name: str, window: int, max_relative: int):
-    from ..char_transformer import CharTransformer, CharTransformerConfig
-    from ..relative_attention import shaw_factory
-    from ..segtree import SegTreeConfig, SegTreeTransformer
-
     if name == "dense":
         return CharTransformer(CharTransformerConfig(**SMALL, block_size=window))
     if name == "shaw":
@@ -169,8 +167,6 @@ ARMS = ("dense", "shaw", "segtree", "segtree-post", "segtree-norel", "segtree-bp
 def leaf_keys(window: int) -> int:
     """The keys a leaf of the causal SegTree graph reads on average at this window (itself,
     its neighbour, one node per set bit), rounded up: shaw-local's band."""
-    from ..segtree import segtree_graph
-
     valid = segtree_graph(window, causal=True).groups[0].valid
     return math.ceil(valid.sum(1).float().mean().item())
 
@@ -178,8 +174,6 @@ def leaf_keys(window: int) -> int:
 def _local_shaw(max_relative: int, width: int):
     """A CharTransformer `attention` argument: Chapter 3's Shaw attention in which byte i reads
     only bytes i - width + 1 .. i (a sliding window of `width` keys)."""
-    from ..relative_attention import SHAW_FORMS, ShawRelativeAttention, shaw_form
-
     class LocalShaw(ShawRelativeAttention):
         def forward(self, x):
             B, T, C = x.shape
@@ -210,10 +204,6 @@ def segtree_quality(windows: str = "256,512,1024", arms: str = "dense,shaw,segtr
     paper's block). Controls, each changing one thing: segtree-norel (no tree relative
     positions), segtree-bpt1 and segtree-bpt4 (BPT's rule at k = 1 and 4), shaw-local (Shaw
     reading as many keys per byte as a SegTree leaf, leaf_keys; at the shaw_windows)."""
-    from ..char_transformer import evaluate_bpc
-    from ..data import RandomWindows, load_corpus
-    from ..training import TrainConfig, train
-
     names = [a.strip() for a in arms.split(",") if a.strip()]
     corpus = load_corpus("pydoc")
     held = corpus.valid[:eval_bytes]
@@ -266,7 +256,6 @@ class WindowClassifier(torch.nn.Module):
 
     def __init__(self, window: int, n_classes: int, **sizes):
         super().__init__()
-        from ..char_transformer import CharTransformer, CharTransformerConfig
         self.window = window
         self.body = CharTransformer(CharTransformerConfig(**sizes, block_size=window))
         self.head = torch.nn.Linear(self.body.config.d_model, n_classes)
@@ -293,8 +282,6 @@ def flag_reach(*, n: int = 64, window: int = 16, window_steps: int = 300,
     matrix product depends on how many threads share it, and a few hundred training steps
     grow that last-bit difference into points of accuracy (0.932 on two threads where one
     gives 0.964, in the window model's accuracy near the flag). Seeded throughout."""
-    from ..segtree import SegTreeConfig, SegTreeTransformer
-
     sizes = sizes or dict(SMALL)
     builds = {"window": (f"dense, last {window} bytes",
                          lambda: WindowClassifier(window, 2, **sizes), window_steps),
@@ -434,11 +421,6 @@ def segtree_reach(window: int = 512, filler: int = 120, dense_window: int = 64,
     copy when the distance is longer) and over `window` bytes (reaches it, at the dense
     cost). Bits and accuracy on the second copy's letters, per arm and seed (`seeds`); the
     flag question runs once per seed of `question_seeds`."""
-    from ..char_transformer import CharTransformer, CharTransformerConfig
-    from ..data import RandomWindows
-    from ..segtree import SegTreeConfig, SegTreeTransformer
-    from ..training import TrainConfig, train
-
     word = 6
     train_data, _ = recall_records(4000, filler=filler, seed=0)
     valid_data, second = recall_records(400, filler=filler, seed=1)

@@ -1,7 +1,7 @@
 """Verdict helpers shared by every chapter's checkers.
 
-Hand-written (not generated). `_verdict` prints PASS or FAIL with what is wrong, and
-`_call` calls the student's function, turning any exception into a reason to fail. (Each
+Hand-written (not generated). `verdict` prints PASS or FAIL with what is wrong, and
+`call` calls the student's function, turning any exception into a reason to fail. (Each
 chapter's checkers import their references at their top: a chapter's checkers are loaded
 only when one of them is used, through the table in minixl/check/__init__.py.)
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 
-def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
+def verdict(name: str, problem: str | None, n_checks: int) -> bool:
     if problem is None:
         print(f"PASS {name}: all {n_checks} checks agree with the reference.")
         return True
@@ -19,7 +19,7 @@ def _verdict(name: str, problem: str | None, n_checks: int) -> bool:
     return False
 
 
-def _call(fn: Callable, *args, **kwargs):
+def call(fn: Callable, *args, **kwargs):
     try:
         return fn(*args, **kwargs), None
     except Exception as err:  # a student's code may raise anything; report it

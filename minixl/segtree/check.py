@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .. import segtree
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 _TREE_CASES = [(16, 7, 1), (16, 3, 1), (16, 0, 1), (16, 15, 2), (11, 5, 1), (13, 12, 1),
@@ -50,7 +50,7 @@ def _alignment_on_top(n: int, i: int, k: int, causal: bool) -> list[tuple[int, i
 
 def _answer(fn: Callable, *args, **kwargs) -> tuple[list | None, str | None]:
     """fn's spans, sorted as (first, last) pairs, or None and what was wrong."""
-    got, err = _call(fn, *args, **kwargs)
+    got, err = call(fn, *args, **kwargs)
     if err:
         return None, err
     try:
@@ -89,11 +89,11 @@ def _check_spans(name: str, cases: list[tuple], fn: Callable, want: Callable,
         spans, err = _answer(fn, *args[:2], **({"k": args[2]} if len(args) > 2 else {}),
                              causal=causal)
         if err:
-            return _verdict(name, f"{where}: {err}", len(cases))
+            return verdict(name, f"{where}: {err}", len(cases))
         wanted = want(case)
         if spans != wanted:
-            return _verdict(name, f"{where}: {hint(case, spans, wanted)}", len(cases))
-    return _verdict(name, None, len(cases))
+            return verdict(name, f"{where}: {hint(case, spans, wanted)}", len(cases))
+    return verdict(name, None, len(cases))
 
 
 def leaf_context(fn: Callable[..., list]) -> bool:
@@ -158,13 +158,13 @@ def causal_tree_graph(fn: Callable[[int], torch.Tensor]) -> bool:
     cases = [16, 11, 33, 1, 7, 2]
     for n in cases:
         where = f"for n={n}"
-        got, err = _call(fn, n)
+        got, err = call(fn, n)
         if err:
-            return _verdict("causal_tree_graph", f"{where}: {err}", len(cases))
+            return verdict("causal_tree_graph", f"{where}: {err}", len(cases))
         graph = segtree.segtree_graph(n, causal=True)
         want = segtree.graph_mask(graph)[0]
         if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or got.shape != want.shape:
-            return _verdict("causal_tree_graph", f"{where}: expected a bool tensor of shape "
+            return verdict("causal_tree_graph", f"{where}: expected a bool tensor of shape "
                             f"{tuple(want.shape)} (N = {graph.n_nodes} nodes), got "
                             f"{getattr(got, 'dtype', type(got).__name__)} "
                             f"{tuple(getattr(got, 'shape', ()))}", len(cases))
@@ -192,8 +192,8 @@ def causal_tree_graph(fn: Callable[[int], torch.Tensor]) -> bool:
             hint = (f"node {i} should read node {j} (bytes {spans[j].tolist()}) but does not: "
                     + ("a leaf's context must cover every earlier byte." if i < n else
                        "an internal node reads every leaf under it."))
-        return _verdict("causal_tree_graph", f"{where}: {hint}", len(cases))
-    return _verdict("causal_tree_graph", None, len(cases))
+        return verdict("causal_tree_graph", f"{where}: {hint}", len(cases))
+    return verdict("causal_tree_graph", None, len(cases))
 
 
 def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
@@ -208,9 +208,9 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
         valid[:, 0] = True
         index = torch.where(valid, index, 0)  # padding points at node 0
         where = f"for q {tuple(q.shape)}, k {tuple(k.shape)}, index {tuple(index.shape)}"
-        got, err = _call(fn, q, k, v, index, valid)
+        got, err = call(fn, q, k, v, index, valid)
         if err:
-            return _verdict("gathered_attention", f"{where}: {err}", len(cases))
+            return verdict("gathered_attention", f"{where}: {err}", len(cases))
 
         def dense(scale=True, mask=True):
             scores = torch.einsum("bghd,bgnhd->bghn", q, k[:, index])
@@ -221,7 +221,7 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
 
         want = dense()
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-            return _verdict("gathered_attention", f"{where}: expected shape {tuple(want.shape)}, "
+            return verdict("gathered_attention", f"{where}: expected shape {tuple(want.shape)}, "
                             f"got {tuple(getattr(got, 'shape', ()))}", len(cases))
         if torch.allclose(got, want, atol=1e-5):
             continue
@@ -233,8 +233,8 @@ def gathered_attention(fn: Callable[..., torch.Tensor]) -> bool:
         else:
             hint = ("the values differ from attention over the gathered neighbours: softmax over "
                     "each query's neighbours (the last dimension), then the weighted sum of v.")
-        return _verdict("gathered_attention", f"{where}: {hint}", len(cases))
-    return _verdict("gathered_attention", None, len(cases))
+        return verdict("gathered_attention", f"{where}: {hint}", len(cases))
+    return verdict("gathered_attention", None, len(cases))
 
 
 def _graph_level_scores(q, k_level, level: int, side: str) -> torch.Tensor:
@@ -281,12 +281,12 @@ def sibling_scores(fn: Callable[..., torch.Tensor]) -> bool:
         q = torch.randn(2, 2, n, 4, generator=g, dtype=torch.float64)
         k_level = torch.randn(2, 2, n >> level, 4, generator=g, dtype=torch.float64)
         where = f"for n={n}, level={level}, side={side!r}"
-        got, err = _call(fn, q, k_level, level, side)
+        got, err = call(fn, q, k_level, level, side)
         if err:
-            return _verdict("sibling_scores", f"{where}: {err}", len(cases))
+            return verdict("sibling_scores", f"{where}: {err}", len(cases))
         want = _graph_level_scores(q, k_level, level, side)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
-            return _verdict("sibling_scores", f"{where}: expected a tensor of shape "
+            return verdict("sibling_scores", f"{where}: expected a tensor of shape "
                             f"{tuple(want.shape)} [B, H, n], got "
                             f"{tuple(getattr(got, 'shape', ())) or type(got).__name__}",
                             len(cases))
@@ -325,5 +325,5 @@ def sibling_scores(fn: Callable[..., torch.Tensor]) -> bool:
             i = int(bad.nonzero()[0, -1])
             hint = (f"leaf {i}'s score differs from q_{i} . k of the node it reads "
                     f"({'none: -inf' if none[0, 0, i] else 'see leaf_context'}).")
-        return _verdict("sibling_scores", f"{where}: {hint}", len(cases))
-    return _verdict("sibling_scores", None, len(cases))
+        return verdict("sibling_scores", f"{where}: {hint}", len(cases))
+    return verdict("sibling_scores", None, len(cases))

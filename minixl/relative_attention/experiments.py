@@ -7,7 +7,12 @@ Hand-written (not generated): an entry of the registry of runs (`minixl.experime
 
 from __future__ import annotations
 
-from . import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
+from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
+from ..data import RandomWindows, load_corpus
+from ..device import resolve_device
+from ..experiments import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
+from ..relative_attention import SHAW_FORMS, shaw_attention_cost, shaw_factory, shaw_form
+from ..training import TrainConfig, train
 
 __all__ = ["shaw_cost", "shaw_positions", "SHAW_POSITION_ARMS"]
 
@@ -24,8 +29,6 @@ def shaw_cost(lengths: str | None = None, clips: str = "4,16", repeats: int = 5,
     `repeats` runs each), with the fastest form and the one `shaw_form` picks there."""
     import torch
 
-    from ..device import resolve_device
-    from ..relative_attention import SHAW_FORMS, shaw_attention_cost, shaw_form
 
     dev = str(resolve_device(device))
     if lengths is None:
@@ -61,10 +64,6 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
 
     import torch
 
-    from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
-    from ..data import RandomWindows, load_corpus
-    from ..relative_attention import shaw_factory
-    from ..training import TrainConfig, train
 
     seed_list = int_list(seeds, "seeds", 0)
     length_list = int_list(lengths, "lengths")

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .. import aux_losses, char_transformer
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
@@ -19,14 +19,14 @@ def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
     cases = [(l, n, p) for n in (2, 4, 16) for l in range(1, n)
              for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.5, 1.0)]
     for layer, n, p in cases:
-        got, err = _call(fn, layer, n, p)
+        got, err = call(fn, layer, n, p)
         if err:
-            return _verdict("intermediate_weight", err, len(cases))
+            return verdict("intermediate_weight", err, len(cases))
         want = aux_losses.intermediate_weight(layer, n, p)
         try:
             ok = abs(float(got) - want) < 1e-6
         except (TypeError, ValueError):
-            return _verdict("intermediate_weight", f"expected a number, got {got!r}", len(cases))
+            return verdict("intermediate_weight", f"expected a number, got {got!r}", len(cases))
         if ok:
             continue
         stop = layer / (2 * n)
@@ -39,29 +39,29 @@ def intermediate_weight(fn: Callable[[int, int, float], float]) -> bool:
             hint = f"before its stop at {stop:g} the weight fades linearly; expected {want:.4f}"
         else:
             hint = f"from progress l/(2n) = {stop:g} on the weight is 0"
-        return _verdict("intermediate_weight", f"for layer={layer}, n_layer={n}, progress={p:g} "
+        return verdict("intermediate_weight", f"for layer={layer}, n_layer={n}, progress={p:g} "
                         f"you return {got!r}: {hint}.", len(cases))
-    return _verdict("intermediate_weight", None, len(cases))
+    return verdict("intermediate_weight", None, len(cases))
 
 
 def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
     """Check fn(n, seq_len, stride) -> [(start, n_scored), ...] scores bytes 1..n-1 once each."""
     cases = [(2, 4, 1), (11, 4, 1), (11, 4, 3), (11, 4, 4), (50, 8, 5), (9, 16, 2)]
     for n, L, stride in cases:
-        got, err = _call(fn, n, L, stride)
+        got, err = call(fn, n, L, stride)
         if err:
-            return _verdict("sliding_windows", err, len(cases))
+            return verdict("sliding_windows", err, len(cases))
         where = f"for n={n}, seq_len={L}, stride={stride}"
         try:
             windows = [(int(s), int(k)) for s, k in got]
         except (TypeError, ValueError):
-            return _verdict("sliding_windows", f"{where}: expected a list of (start, n_scored) "
+            return verdict("sliding_windows", f"{where}: expected a list of (start, n_scored) "
                             f"pairs, got {got!r}", len(cases))
         width = min(L, n - 1)
         scored = []
         for start, k in windows:
             if start < 0 or start + width > n - 1 or not 1 <= k <= width:
-                return _verdict("sliding_windows", f"{where}: window ({start}, {k}) does not fit: "
+                return verdict("sliding_windows", f"{where}: window ({start}, {k}) does not fit: "
                                 f"a window reads data[start:start + {width}] and needs its "
                                 "targets inside the data", len(cases))
             scored += range(start + width - k + 1, start + width + 1)
@@ -70,15 +70,15 @@ def sliding_windows(fn: Callable[[int, int, int], list]) -> bool:
         if missing or twice:
             problem = (f"bytes {missing[:5]} are never scored" if missing
                        else f"bytes {twice[:5]} are scored more than once")
-            return _verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
+            return verdict("sliding_windows", f"{where}: {problem}; every byte 1..n-1 must be "
                             "scored exactly once", len(cases))
         want = aux_losses.sliding_windows(n, L, stride)
         if windows != want:
-            return _verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
+            return verdict("sliding_windows", f"{where}: every byte is scored once, but not with "
                             f"the book's windows {want}: the first window "
                             "scores all its positions, each later one starts `stride` bytes on",
                             len(cases))
-    return _verdict("sliding_windows", None, len(cases))
+    return verdict("sliding_windows", None, len(cases))
 
 
 def ahead_pairs(fn: Callable[..., tuple]) -> bool:
@@ -90,22 +90,22 @@ def ahead_pairs(fn: Callable[..., tuple]) -> bool:
         # next byte), so a correct pair reads (t, t + 1 + j).
         h = torch.arange(T, dtype=torch.float).repeat(B, 3, 1).transpose(1, 2)  # (B, T, 3)
         targets = torch.arange(1, T + 1).repeat(B, 1)  # (B, T)
-        got, err = _call(fn, h.clone(), targets.clone(), j)
+        got, err = call(fn, h.clone(), targets.clone(), j)
         if err:
-            return _verdict("ahead_pairs", err, len(cases))
+            return verdict("ahead_pairs", err, len(cases))
         where = f"for T={T}, j={j}"
         try:
             kept_h, kept_t = got
             shapes = (tuple(kept_h.shape), tuple(kept_t.shape))
         except (TypeError, ValueError, AttributeError):
-            return _verdict("ahead_pairs", f"{where}: expected a pair (h kept [B, T - j, C], "
+            return verdict("ahead_pairs", f"{where}: expected a pair (h kept [B, T - j, C], "
                             f"targets kept [B, T - j]), got {got!r}", len(cases))
         want = ((B, T - j, 3), (B, T - j))
         if shapes != want:
             hint = ("one position too few: the byte j after the next exists for the first T - j "
                     "positions" if shapes[1][-1:] == (T - j - 1,) else
                     "the byte j after the next exists for the first T - j positions")
-            return _verdict("ahead_pairs", f"{where}: shapes {shapes}, expected {want}: {hint}.",
+            return verdict("ahead_pairs", f"{where}: shapes {shapes}, expected {want}: {hint}.",
                             len(cases))
         pos, byte = kept_h[0, :, 0].long(), kept_t[0].long()  # which position predicts which byte
         if torch.equal(byte - pos, torch.full_like(pos, 1 + j)):
@@ -121,9 +121,9 @@ def ahead_pairs(fn: Callable[..., tuple]) -> bool:
                     "it is targets[t + j]")
         else:
             hint = f"position t must predict byte t + 1 + j = t + {1 + j}; it predicts t + {gap}"
-        return _verdict("ahead_pairs", f"{where}: position 0 predicts byte {byte[0].item()}: "
+        return verdict("ahead_pairs", f"{where}: position 0 predicts byte {byte[0].item()}: "
                         f"{hint}.", len(cases))
-    return _verdict("ahead_pairs", None, len(cases))
+    return verdict("ahead_pairs", None, len(cases))
 
 
 def _is(value, want: float) -> bool:
@@ -140,19 +140,19 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
              for p in (0.0, 0.5 * l / (2 * n), l / (2 * n), 0.75 * l / n, l / n, 0.5, 1.0)]
     fade = aux_losses.intermediate_weight
     for layer, n, p in cases:
-        got, err = _call(fn, layer, n, p)
+        got, err = call(fn, layer, n, p)
         if err:
-            return _verdict("step_weight", err, len(cases))
+            return verdict("step_weight", err, len(cases))
         stop = layer / (2 * n)
         want = layer / n if p < stop else 0.0
         try:
             value = float(got)
         except (TypeError, ValueError):
-            return _verdict("step_weight", f"expected a number, got {got!r}", len(cases))
+            return verdict("step_weight", f"expected a number, got {got!r}", len(cases))
         if abs(value - want) < 1e-6:
             continue
         if value == 0.0 and want > 0 and p == 0.0:
-            after, _ = _call(fn, layer, n, 1.0)
+            after, _ = call(fn, layer, n, 1.0)
             if _is(after, layer / n):
                 hint = ("the comparison is the wrong way round: the loss is off at the start "
                         "and on at the end; keep it while progress < l/(2n)")
@@ -163,8 +163,8 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
             hint = (f"that is the chapter's linear fade; the step holds the full {layer}/{n} "
                     f"until progress {stop:g}")
         elif p >= stop and abs(value - layer / n) < 1e-6:  # still on: probe past the stop
-            later, _ = _call(fn, layer, n, 1.5 * stop)
-            at_l_n, _ = _call(fn, layer, n, layer / n)
+            later, _ = call(fn, layer, n, 1.5 * stop)
+            at_l_n, _ = call(fn, layer, n, layer / n)
             if _is(later, 0.0):
                 hint = (f"at progress exactly l/(2n) = {stop:g} the loss is already off: "
                         "compare progress < l/(2n), not <=")
@@ -177,9 +177,9 @@ def step_weight(fn: Callable[[int, int, float], float]) -> bool:
                     "layer l starts with)")
         else:
             hint = f"from progress l/(2n) = {stop:g} on the weight is 0"
-        return _verdict("step_weight", f"for layer={layer}, n_layer={n}, progress={p:g} you "
+        return verdict("step_weight", f"for layer={layer}, n_layer={n}, progress={p:g} you "
                         f"return {got!r}: {hint}.", len(cases))
-    return _verdict("step_weight", None, len(cases))
+    return verdict("step_weight", None, len(cases))
 
 
 def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
@@ -200,9 +200,9 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
              for n, L in ((21, 4), (30, 8), (9, 8))]
     for data, L in cases:
         where = f"for {len(data)} bytes and L={L}"
-        got, err = _call(fn, model, data.clone(), L)
+        got, err = call(fn, model, data.clone(), L)
         if err:
-            return _verdict("every_start_table", f"{where}: {err}", len(cases))
+            return verdict("every_start_table", f"{where}: {err}", len(cases))
         with torch.no_grad():
             seq = torch.stack([data[s:s + L + 1].long() for s in range(len(data) - L)])
             logits = model(seq[:, :-1]).transpose(1, 2)  # (W, V, L)
@@ -210,7 +210,7 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
             unshifted = F.cross_entropy(logits, seq[:, :-1], reduction="none")
         want = nll / math.log(2)
         if not isinstance(got, torch.Tensor):
-            return _verdict("every_start_table", f"expected a torch.Tensor, got "
+            return verdict("every_start_table", f"expected a torch.Tensor, got "
                             f"{type(got).__name__}", len(cases))
         if tuple(got.shape) != tuple(want.shape):
             W = len(data) - L
@@ -221,7 +221,7 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
                         f"len(data) - L - 1, so there are len(data) - L = {W} rows")
             else:
                 hint = "rows are starts, columns the L positions of the window"
-            return _verdict("every_start_table", f"{where}: the shape is "
+            return verdict("every_start_table", f"{where}: the shape is "
                             f"{tuple(got.shape)}, expected {tuple(want.shape)}: {hint}.",
                             len(cases))
         got = got.detach().float()
@@ -234,5 +234,5 @@ def every_start_table(fn: Callable[..., torch.Tensor]) -> bool:
                     "window, the inputs are bytes 0 to L - 1 and the targets bytes 1 to L")
         else:
             hint = "the values differ from the loss of each window's next bytes, in bits"
-        return _verdict("every_start_table", f"{where}: {hint}.", len(cases))
-    return _verdict("every_start_table", None, len(cases))
+        return verdict("every_start_table", f"{where}: {hint}.", len(cases))
+    return verdict("every_start_table", None, len(cases))

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from .. import char_transformer, relative_attention
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
@@ -26,13 +26,13 @@ def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
         for mask in (char_transformer.causal_mask(Tq, Tk), None):
             where = (f"for q {tuple(q.shape)}, k {tuple(k.shape)}, K={K}, "
                      f"{'with' if mask is not None else 'without'} a mask")
-            got, err = _call(fn, q, k, v, w_k, w_v, mask)
+            got, err = call(fn, q, k, v, w_k, w_v, mask)
             if err:
-                return _verdict("shaw_attention", f"{where}: {err}", n_checks)
+                return verdict("shaw_attention", f"{where}: {err}", n_checks)
             want = ref(q, k, v, w_k, w_v, mask)
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                return _verdict("shaw_attention", f"{where}: the output is {shape}, expected "
+                return verdict("shaw_attention", f"{where}: the output is {shape}, expected "
                                 f"{tuple(want.shape)} [B, H, Tq, D]", n_checks)
             if torch.allclose(got, want, atol=1e-5):
                 continue
@@ -51,8 +51,8 @@ def shaw_attention(fn: Callable[..., torch.Tensor]) -> bool:
                 hint = "the mask is ignored."
             else:
                 hint = "the values differ from the reference loop."
-            return _verdict("shaw_attention", f"{where}: {hint}", n_checks)
-    return _verdict("shaw_attention", None, n_checks)
+            return verdict("shaw_attention", f"{where}: {hint}", n_checks)
+    return verdict("shaw_attention", None, n_checks)
 
 
 def relative_index(fn: Callable[..., torch.Tensor]) -> bool:
@@ -62,18 +62,18 @@ def relative_index(fn: Callable[..., torch.Tensor]) -> bool:
     cases = [(4, 4, 2), (2, 5, 2), (3, 7, 1), (6, 6, 9), (5, 5, 0), (1, 4, 3)]
     for qlen, klen, K in cases:
         where = f"for qlen={qlen}, klen={klen}, max_relative={K}"
-        got, err = _call(fn, qlen, klen, K)
+        got, err = call(fn, qlen, klen, K)
         if err:
-            return _verdict("relative_index", f"{where}: {err}", len(cases))
+            return verdict("relative_index", f"{where}: {err}", len(cases))
         if not isinstance(got, torch.Tensor):
-            return _verdict("relative_index", f"expected a torch.Tensor, got "
+            return verdict("relative_index", f"expected a torch.Tensor, got "
                             f"{type(got).__name__}", len(cases))
         if tuple(got.shape) != (qlen, klen):
-            return _verdict("relative_index", f"{where}: the shape is {tuple(got.shape)}, "
+            return verdict("relative_index", f"{where}: the shape is {tuple(got.shape)}, "
                             f"expected ({qlen}, {klen}): rows are queries, columns keys",
                             len(cases))
         if got.dtype.is_floating_point or got.dtype == torch.bool:
-            return _verdict("relative_index", f"{where}: the dtype is {got.dtype}; rows of "
+            return verdict("relative_index", f"{where}: the dtype is {got.dtype}; rows of "
                             "a table are picked with an integer tensor (torch.long)", len(cases))
         want = ref(qlen, klen, K)
         got = got.long()
@@ -104,8 +104,8 @@ def relative_index(fn: Callable[..., torch.Tensor]) -> bool:
             i, j = (got != want).nonzero()[0].tolist()
             hint = (f"entry ({i}, {j}) is {got[i, j].item()}, expected clip({d[i, j].item()}, "
                     f"-{K}, {K}) + {K} = {want[i, j].item()}")
-        return _verdict("relative_index", f"{where}: {hint}.", len(cases))
-    return _verdict("relative_index", None, len(cases))
+        return verdict("relative_index", f"{where}: {hint}.", len(cases))
+    return verdict("relative_index", None, len(cases))
 
 
 def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
@@ -125,16 +125,16 @@ def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
         if masked:
             scores = scores.masked_fill(~mask_of(Tq, Tk), float("-inf"))
         p, index, n = scores.softmax(-1), rel_index(Tq, Tk, K), 2 * K + 1
-        got, err = _call(fn, p.clone(), index.clone(), n)
+        got, err = call(fn, p.clone(), index.clone(), n)
         if err:
-            return _verdict("distance_weights", f"{where}: {err}", len(cases))
+            return verdict("distance_weights", f"{where}: {err}", len(cases))
         want = ref(p, index, n)
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             hint = (" (one column per key: gather reads a column for each key, but here each "
                     "key's weight must be added into the column its index names: scatter_add)"
                     if isinstance(got, torch.Tensor) and got.shape[-1:] == (Tk,) else "")
-            return _verdict("distance_weights", f"{where}: the output is {shape}, expected "
+            return verdict("distance_weights", f"{where}: the output is {shape}, expected "
                             f"{tuple(want.shape)} [B, H, Tq, 2K+1]{hint}", len(cases))
         if torch.allclose(got, want, atol=1e-6):
             continue
@@ -157,8 +157,8 @@ def distance_weights(fn: Callable[..., torch.Tensor]) -> bool:
             hint = ("each query's weights, summed over its keys, must land in the columns "
                     "the index names, every key's weight in exactly one column (the rows of "
                     "the result then add up to 1, like the rows of p)")
-        return _verdict("distance_weights", f"{where}: {hint}.", len(cases))
-    return _verdict("distance_weights", None, len(cases))
+        return verdict("distance_weights", f"{where}: {hint}.", len(cases))
+    return verdict("distance_weights", None, len(cases))
 
 
 def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
@@ -181,13 +181,13 @@ def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
         for mask in (char_transformer.causal_mask(Tq, Tk), None):
             where = (f"for q {tuple(q.shape)}, tables {tuple(w_k.shape)}, K={K}, "
                      f"{'with' if mask is not None else 'without'} a mask")
-            got, err = _call(fn, q, k, v, w_k.clone(), w_v.clone(), mask)
+            got, err = call(fn, q, k, v, w_k.clone(), w_v.clone(), mask)
             if err:
-                return _verdict("per_head_shaw", f"{where}: {err}", n_checks)
+                return verdict("per_head_shaw", f"{where}: {err}", n_checks)
             want = by_head(q, k, v, w_k, w_v, mask)
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                return _verdict("per_head_shaw", f"{where}: the output is {shape}, expected "
+                return verdict("per_head_shaw", f"{where}: the output is {shape}, expected "
                                 f"{tuple(want.shape)} [B, H, Tq, D]", n_checks)
             if torch.allclose(got, want, atol=1e-5):
                 continue
@@ -208,5 +208,5 @@ def per_head_shaw(fn: Callable[..., torch.Tensor]) -> bool:
                 hint = "the mask is ignored."
             else:
                 hint = "the values differ from shaw_attention run head by head with table h."
-            return _verdict("per_head_shaw", f"{where}: {hint}", n_checks)
-    return _verdict("per_head_shaw", None, n_checks)
+            return verdict("per_head_shaw", f"{where}: {hint}", n_checks)
+    return verdict("per_head_shaw", None, n_checks)

@@ -12,11 +12,11 @@ from typing import Callable
 import torch
 
 from ..data import load_corpus
-from ..experiments.bench_all import read_left_to_right, reading_segment, train_arm
+from .bench_all import read_left_to_right, reading_segment, train_arm
 from ..kinds import KINDS, kind_of
 from ..model_kind import ModelKind
 from ..planner import bench_arms, matched_steps, plan_bench
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 def _number(value) -> float | None:
@@ -53,11 +53,11 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
         weights = sum(p.numel() for n, p in model.named_parameters() if n != "pos")
         table = model.pos.numel() if getattr(model, "pos", None) is not None else 0
         scores = 12 * c.n_layer * c.block_size * c.d_model
-        got, err = _call(flops_fn, c)
+        got, err = call(flops_fn, c)
         where = (f"for n_layer={c.n_layer}, d_model={c.d_model}, d_inner={c.d_inner}, "
                  f"block_size={c.block_size}")
         if err:
-            return _verdict("matched_compute", f"{where}: {err}", n_checks)
+            return verdict("matched_compute", f"{where}: {err}", n_checks)
         value = _number(got)
         if value is None or abs(value - want) > 1e-6 * want:
             slips = {2 * weights + scores / 3: "counts the forward pass only: training costs "
@@ -73,16 +73,16 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                          if value is not None and abs(value - slip) < 1e-6 * want),
                         f"returned {got!r}, expected {want:,.0f} (6 x {weights:,} weights + "
                         f"{scores:,} for the scores)")
-            return _verdict("matched_compute", f"{where}: {hint}", n_checks)
+            return verdict("matched_compute", f"{where}: {hint}", n_checks)
     reference = matched_steps
     cases = [(8e11, 1.35e6, 8, 128), (2e10, 3.1e5, 8, 32), (1e9, 2.0e5, 4, 64),
              (5e8, 1.0e6, 8, 128), (3e11, 7.7e5, 16, 256), (1e12, 4.4e5, 1, 1024)]
     for budget, fpb, b, t in cases:
         want = reference(budget, fpb, batch_size=b, length=t)
-        got, err = _call(steps_fn, budget, fpb, b, t)
+        got, err = call(steps_fn, budget, fpb, b, t)
         where = f"for budget {budget:g}, {fpb:g} FLOPs per byte, batch {b}, length {t}"
         if err:
-            return _verdict("matched_compute", f"{where}: {err}", n_checks + len(cases))
+            return verdict("matched_compute", f"{where}: {err}", n_checks + len(cases))
         value = _number(got)
         if value != want:
             exact = budget / (fpb * b * t)
@@ -97,8 +97,8 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                         "trains at least one step (the plan then says the budget is too small)"}
             hint = next((why for slip, why in slips.items() if value == slip),
                         f"returned {got!r}, expected {want}")
-            return _verdict("matched_compute", f"{where}: {hint}", n_checks + len(cases))
-    return _verdict("matched_compute", None, n_checks + len(cases))
+            return verdict("matched_compute", f"{where}: {hint}", n_checks + len(cases))
+    return verdict("matched_compute", None, n_checks + len(cases))
 
 
 def reach(fn: Callable) -> bool:
@@ -116,9 +116,9 @@ def reach(fn: Callable) -> bool:
         config = kind.config(**{**kind.presets["tiny"].model, **fields})
         want = kind.reach(config)[0]
         where = f"for {name} with {', '.join(f'{k}={v}' for k, v in fields.items())}"
-        got, err = _call(fn, name, config)
+        got, err = call(fn, name, config)
         if err:
-            return _verdict("reach", f"{where}: {err}", len(cases))
+            return verdict("reach", f"{where}: {err}", len(cases))
         value = _number(got)
         if value == want:
             continue
@@ -137,8 +137,8 @@ def reach(fn: Callable) -> bool:
                                "number of segments, but a state read from the memory reads "
                                "back from its own segment's start, not from itself"
                     }.get(value, f"returned {got!r}, expected {want}")
-        return _verdict("reach", f"{where}: {hint}", len(cases))
-    return _verdict("reach", None, len(cases))
+        return verdict("reach", f"{where}: {hint}", len(cases))
+    return verdict("reach", None, len(cases))
 
 
 def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int = 32,

@@ -2,13 +2,16 @@
 trainer (Chapter 1's loop, with what a long run needs) against nanoGPT's on its CPU recipe.
 
 Hand-written (not generated): entries of the registry of runs (`minixl.experiments`); the
-chapter plots the stored CSV and names the command that made it. Chapter modules are
-imported inside the functions, so that importing this module costs nothing.
+chapter plots the stored CSV and names the command that made it. The registry imports this
+module only when one of its entries runs.
 """
 
 from __future__ import annotations
 
-from . import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
+from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
+from ..data import RandomWindows, load_corpus
+from ..experiments import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
+from ..training import TrainConfig, train
 
 __all__ = ["positions", "POSITION_ARMS", "nanogpt_race", "race_ratio"]
 
@@ -33,9 +36,6 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
 
     import torch
 
-    from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
-    from ..data import RandomWindows, load_corpus
-    from ..training import TrainConfig, train
 
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
     arm_list = pick_arms(arms, POSITION_ARMS, sep=",")

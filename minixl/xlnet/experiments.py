@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import math
 
-from . import int_list, keep_row, pick_arms, pins_threads, torch_threads
+from ..data import OrderedStreams, RandomWindows, load_corpus
+from ..evaluation import evaluate
+from ..experiments import int_list, keep_row, pick_arms, pins_threads, torch_threads
+from ..kinds import KINDS, with_overrides
+from ..training import TrainConfig, train
+from ..xlnet import (CLS, PermutationObjective, SEP, XLNet, XLNetConfig, evaluate_infill,
+                     masks_from_ranks, span_bits, training_masks)
 
 # Chapter 5.8's model: 2 layers of width 64, windows of 64 bytes, K about 6
 SMALL = dict(n_layer=2, d_model=64, n_head=4, d_inner=256, seq_len=64, n_predict=11)
@@ -33,8 +39,6 @@ LAYOUT_COLUMNS = ("bpc_windows_one_segment", "bpc_memory_one_segment", "bpc_infi
 
 def _held_out(corpus: str, eval_bytes: int):
     """The corpus, and its first eval_bytes held-out bytes."""
-    from ..data import load_corpus
-
     data = load_corpus(corpus)
     return data, data.valid[:eval_bytes]
 
@@ -44,8 +48,6 @@ def _train(model, batches, objective: str, seed: int, steps: int):
     training loop: (the result, seconds)."""
     import time
 
-    from ..training import TrainConfig, train
-    from ..xlnet import PermutationObjective
 
     t0 = time.perf_counter()
     result = train(model, TrainConfig(steps=steps, batch_size=16, lr=3e-3, warmup=50,
@@ -69,8 +71,6 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
 
     import torch
 
-    from ..evaluation import evaluate
-    from ..kinds import KINDS, with_overrides
 
     seed_list = int_list(seeds, "seeds", 0)
     chosen = pick_arms(arms, ARMS)
@@ -138,8 +138,6 @@ class _OneSegment:
         return self.model(tokens, segments=torch.zeros_like(tokens), **kw)
 
     def step(self, tokens, state=None):
-        from ..xlnet import XLNet
-
         return XLNet.step(self, tokens, state)
 
 
@@ -153,7 +151,6 @@ def layout_input(text, *, seq_len: int, reuse_len: int, a_len: int):
     after it 1, CLS 2."""
     import torch
 
-    from ..xlnet import CLS, SEP, masks_from_ranks
 
     T, R = seq_len, reuse_len
     free = T - R - 3  # the bytes of A and B
@@ -213,8 +210,6 @@ def layout_bpc(model, held, *, reuse_len: int, a_len: int, streams: int = 4,
 def _source(kind, text, config, seed: int, batches: str):
     """The arm's batches: the xlnet kind's own source (as `minixl train` reads them), but
     ordered streams for the arm that has no memory yet reads in order."""
-    from ..data import OrderedStreams
-
     if batches == "ordered streams" and not config.mem_len:
         return OrderedStreams(text, 16, config.seq_len)
     return kind.batches(text, 16, config, seed=seed)
@@ -236,8 +231,6 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
     import torch
     import torch.nn.functional as F
 
-    from ..kinds import KINDS
-    from ..xlnet import XLNetConfig, training_masks
 
     k_list = int_list(ks, "ks", 1)
     T = SMALL["seq_len"]
@@ -334,10 +327,6 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
 
     import torch
 
-    from ..data import RandomWindows
-    from ..evaluation import evaluate
-    from ..kinds import KINDS
-    from ..xlnet import evaluate_infill
 
     seed_list = int_list(seeds, "seeds", 0)
     table = {**OBJECTIVE_ARMS, **MORE_OBJECTIVE_ARMS}
@@ -409,9 +398,6 @@ def pair_control(seeds: str = "0,1,2", steps: int = 500, records: int = 4, n_pre
     causal (the left side only). One row per arm and seed: bits per pair in each reading."""
     import torch
 
-    from ..data import RandomWindows
-    from ..training import TrainConfig, train
-    from ..xlnet import PermutationObjective, XLNet, XLNetConfig, span_bits
 
     seed_list = int_list(seeds, "seeds", 0)
     if steps < 1 or records < 3 or eval_windows < 1:

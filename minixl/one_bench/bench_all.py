@@ -32,11 +32,17 @@ from pathlib import Path
 
 import torch
 
-from ..reach import LETTERS
-from . import int_list, torch_threads, write_csv
+from ..data import load_corpus
+from ..evaluation import evaluate
+from ..experiments import int_list, torch_threads, write_csv
+from ..kinds import KINDS
+from ..planner import bench_arms, plan_bench
+from ..plugins import kind_named
+from ..reach import LETTERS, distance_bands, reach_records, score_reach, unreachable
+from ..training import TrainConfig, train
 
-__all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all", "QUALITY_COLUMNS",
-           "REACH_COLUMNS", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
+__all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all",
+           "QUALITY_COLUMNS", "REACH_COLUMNS", "read_rows", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
            "plot_bench", "merge_runs"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
@@ -88,9 +94,6 @@ def read_left_to_right(model, data: torch.Tensor, *, segment: int,
 def contestants(models: str | None = None) -> dict:
     """{arm name: (kind, BenchArm)}: every registered kind's arms, or those `models` names
     (comma-separated kind names, arm names, or MODULE:NAME for a kind of your own)."""
-    from ..planner import bench_arms
-    from ..plugins import kind_named
-
     everyone = bench_arms()
     if not models:
         return everyone
@@ -113,8 +116,6 @@ def contestants(models: str | None = None) -> dict:
 
 
 def _kind_names() -> list[str]:
-    from ..kinds import KINDS
-
     return list(KINDS)
 
 
@@ -142,8 +143,6 @@ def _done(path: Path, settings: str) -> list[dict]:
 def train_arm(kind, plan, data, *, seed: int, lr: float, device: str):
     """(model, seconds): one bench arm's plan trained on data [N] from `seed`, with a tenth
     of its steps as warm-up and no held-out scores or checkpoints on the way."""
-    from ..training import TrainConfig, train
-
     torch.manual_seed(seed)
     model = kind.build(plan.config)
     objective = kind.build_objective(plan.config, plan.objective)
@@ -192,8 +191,6 @@ def _float_list(text: str, name: str) -> list[float]:
 def _log_run(folder: Path, points: int, seconds: float, *, threads: int, device: str) -> None:
     """One row per invocation in runs.csv: when, how long, how many points it ran, on what
     (the machine, the threads, torch)."""
-    import torch as _torch
-
     path = folder / "runs.csv"
     rows = []
     if path.exists():
@@ -202,7 +199,7 @@ def _log_run(folder: Path, points: int, seconds: float, *, threads: int, device:
     rows.append({"ended": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(seconds, 1),
                  "points_run": points, "device": device, "threads": threads,
                  "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-                 "torch": _torch.__version__})
+                 "torch": torch.__version__})
     write_csv(rows, path)
 
 
@@ -217,11 +214,6 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     length and the largest budget. reach_only: the reach task alone (a control of it, say,
     at other distances: its own folder, since the distances are part of the settings), `csv`
     then names its reach.csv, and its rows are returned."""
-    from ..data import load_corpus
-    from ..evaluation import evaluate
-    from ..planner import plan_bench
-    from ..reach import distance_bands, reach_records, score_reach, unreachable
-
     budget_list = _float_list(budgets, "budgets")
     length_list = int_list(lengths, "lengths", 2)
     distance_list = int_list(distances, "distances", 8)
@@ -339,7 +331,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     return stored[1] if reach_only else quality
 
 
-def _read_rows(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a CSV the bench wrote (none when the file does not exist yet)."""
     if not path.exists():
         return []
     with open(path, newline="") as f:
@@ -360,11 +353,11 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
     out = Path(out)
     plan, quality, reach, runs, grids = {}, {}, {}, [], {}
     for folder in folders:
-        rows = _read_rows(folder / "quality.csv")
+        rows = read_rows(folder / "quality.csv")
         if not rows:
             raise ValueError(f"{folder} holds no quality.csv rows: not a bench_all folder, or a "
                              "run that wrote no point")
-        planned = _read_rows(folder / "plan.csv")
+        planned = read_rows(folder / "plan.csv")
         grids[folder] = sorted({(int(r["length"]), float(r["budget"])) for r in planned})
         for r in planned:
             key = (r["arm"], int(r["length"]), float(r["budget"]))
@@ -373,7 +366,7 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
                                  f"budget {key[2]:g}: one in {folder}")
             plan[key] = r
         for name, table, found in (("quality", quality, rows),
-                                   ("reach", reach, _read_rows(folder / "reach.csv"))):
+                                   ("reach", reach, read_rows(folder / "reach.csv"))):
             for r in found:
                 key = (r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]),
                        r.get("band"))
@@ -381,7 +374,7 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
                     raise ValueError(f"the {name} point {key[:4]} is in two folders (one is "
                                      f"{folder}): give each process its own arms or seeds")
                 table[key] = r
-        runs += [dict(r, folder=str(folder)) for r in _read_rows(folder / "runs.csv")]
+        runs += [dict(r, folder=str(folder)) for r in read_rows(folder / "runs.csv")]
     settings = {r["settings"] for r in [*quality.values(), *reach.values(), *plan.values()]}
     if len(settings) != 1:
         raise ValueError(f"the folders were run with different settings: {sorted(settings)}")
@@ -628,7 +621,7 @@ def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Pat
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
     CSVs) and bench_cost's cost.csv beside them if there is one; returns the markdown file's
     path."""
-    table = decisions(quality, reach, _read_rows(Path(folder) / "cost.csv") or None)
+    table = decisions(quality, reach, read_rows(Path(folder) / "cost.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")

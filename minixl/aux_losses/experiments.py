@@ -1,15 +1,19 @@
 """Chapter 2's experiment: do intermediate-layer losses make deep stacks trainable?
 
 Hand-written (not generated): entries of the registry of runs (`minixl.experiments`); the
-chapter plots the stored CSV and names the command that made it. Chapter modules are
-imported inside the functions, so that importing this module costs nothing.
+chapter plots the stored CSV and names the command that made it. The registry imports this
+module only when one of its entries runs.
 """
 
 from __future__ import annotations
 
 import math
 
-from . import int_list, keep_row, pick_arms, pins_threads
+from ..aux_losses import AuxLossConfig, AuxLosses, AuxObjective, evaluate_bpc_sliding
+from ..char_transformer import CharTransformer, CharTransformerConfig, eval_mode, evaluate_bpc
+from ..data import RandomWindows, load_corpus
+from ..experiments import int_list, keep_row, pick_arms, pins_threads
+from ..training import TrainConfig, train
 
 __all__ = ["depth_sweep", "aux_ablation", "ABLATION_ARMS"]
 
@@ -31,10 +35,6 @@ def depth_sweep(depths: str = "4,16,32", norms: str = "pre,post", seeds: str = "
 
     import torch
 
-    from ..aux_losses import AuxLossConfig, AuxLosses, AuxObjective
-    from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
-    from ..data import RandomWindows, load_corpus
-    from ..training import TrainConfig, train
 
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
     norm_list = [n.strip() for n in norms.split(",") if n.strip()]
@@ -109,11 +109,6 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
     import torch
     import torch.nn.functional as F
 
-    from ..aux_losses import AuxLossConfig, AuxLosses, AuxObjective, evaluate_bpc_sliding
-    from ..char_transformer import (CharTransformer, CharTransformerConfig, eval_mode,
-                                    evaluate_bpc)
-    from ..data import RandomWindows, load_corpus
-    from ..training import TrainConfig, train
 
     names = pick_arms(arms, ABLATION_ARMS)
     seed_list = int_list(seeds, "seeds", 0)

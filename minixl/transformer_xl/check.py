@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from .. import data, transformer_xl
-from ._common import _call, _verdict
+from ..check.verdicts import call, verdict
 
 
 def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
@@ -29,12 +29,12 @@ def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         dist = transformer_xl.relative_distances(qlen, klen)
         keep = dist >= 0
         where = f"for x of shape {shape} ({qlen} queries, memory {klen - qlen})"
-        got, err = _call(fn, x)
+        got, err = call(fn, x)
         if err:
-            return _verdict("rel_shift", f"{where}: {err}", len(shapes))
+            return verdict("rel_shift", f"{where}: {err}", len(shapes))
         if not isinstance(got, torch.Tensor) or got.shape != x.shape:
             found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            return _verdict("rel_shift", f"{where}: the output is {found}, expected the input's "
+            return verdict("rel_shift", f"{where}: the output is {found}, expected the input's "
                             f"shape {shape}", len(shapes))
 
         def column(col: torch.Tensor) -> torch.Tensor:  # x[..., i, col[i, j]] on kept entries
@@ -52,8 +52,8 @@ def rel_shift(fn: Callable[[torch.Tensor], torch.Tensor]) -> bool:
         else:
             hint = ("some entries the causal mask keeps (j <= Tk - Tq + i) differ from "
                     "x[..., i, j + Tq - 1 - i].")
-        return _verdict("rel_shift", f"{where}: {hint}", len(shapes))
-    return _verdict("rel_shift", None, len(shapes))
+        return verdict("rel_shift", f"{where}: {hint}", len(shapes))
+    return verdict("rel_shift", None, len(shapes))
 
 
 def four_term_score(fn: Callable[..., torch.Tensor]) -> bool:
@@ -66,12 +66,12 @@ def four_term_score(fn: Callable[..., torch.Tensor]) -> bool:
         r = torch.randn(H, Tq, Tk, D, generator=g)
         u, v = torch.randn(H, D, generator=g), torch.randn(H, D, generator=g)
         where = f"for B, H, Tq, Tk, D = {B, H, Tq, Tk, D}"
-        got, err = _call(fn, q.clone(), k.clone(), r.clone(), u.clone(), v.clone())
+        got, err = call(fn, q.clone(), k.clone(), r.clone(), u.clone(), v.clone())
         if err:
-            return _verdict("four_term_score", f"{where}: {err}", len(cases))
+            return verdict("four_term_score", f"{where}: {err}", len(cases))
         if not isinstance(got, torch.Tensor) or got.shape != (B, H, Tq, Tk):
             found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            return _verdict("four_term_score", f"{where}: the output is {found}, expected "
+            return verdict("four_term_score", f"{where}: the output is {found}, expected "
                             f"{(B, H, Tq, Tk)}", len(cases))
         terms = {"a": q @ k.transpose(-2, -1), "b": torch.einsum("bhid,hijd->bhij", q, r),
                  "c": (u[:, None, :] @ k.transpose(-2, -1)).expand(B, H, Tq, Tk),
@@ -91,8 +91,8 @@ def four_term_score(fn: Callable[..., torch.Tensor]) -> bool:
             missing = [t for t in terms if torch.allclose(got, want - terms[t], atol=1e-4)]
             hint = (f"term ({missing[0]}) is missing" if missing else
                     "it differs from (a) + (b) + (c) + (d) = q.k_j + q.r_ij + u.k_j + v.r_ij")
-        return _verdict("four_term_score", f"{where}: {hint}.", len(cases))
-    return _verdict("four_term_score", None, len(cases))
+        return verdict("four_term_score", f"{where}: {hint}.", len(cases))
+    return verdict("four_term_score", None, len(cases))
 
 
 def memory_update(fn: Callable[..., list]) -> bool:
@@ -104,18 +104,18 @@ def memory_update(fn: Callable[..., list]) -> bool:
         inputs = [torch.randn(B, T, 3, generator=g).requires_grad_() for _ in range(2)]
         mems = [torch.randn(B, M, 3, generator=g) for _ in range(2)]
         where = f"for a memory of {M}, a segment of {T} and mem_len={mem_len}"
-        got, err = _call(fn, [h * 1 for h in inputs], [m.clone() for m in mems], mem_len)
+        got, err = call(fn, [h * 1 for h in inputs], [m.clone() for m in mems], mem_len)
         if err:
-            return _verdict("memory_update", f"{where}: {err}", len(cases))
+            return verdict("memory_update", f"{where}: {err}", len(cases))
         if not isinstance(got, (list, tuple)) or len(got) != 2:
-            return _verdict("memory_update", f"{where}: expected a list of one tensor per "
+            return verdict("memory_update", f"{where}: expected a list of one tensor per "
                             f"layer (2), got {type(got).__name__}", len(cases))
         for h, m, new in zip(inputs, mems, got):
             cat = torch.cat([m, h.detach()], dim=1)
             want = cat[:, max(0, cat.size(1) - mem_len):]
             if not isinstance(new, torch.Tensor) or new.shape != want.shape:
                 found = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-                return _verdict("memory_update", f"{where}: a layer's memory is {found}, "
+                return verdict("memory_update", f"{where}: a layer's memory is {found}, "
                                 f"expected {tuple(want.shape)}: keep min(mem_len, M + T) rows",
                                 len(cases))
             if not torch.equal(new.detach(), want):
@@ -125,12 +125,12 @@ def memory_update(fn: Callable[..., list]) -> bool:
                     hint = "the segment is put before the memory; the order is [mem; input]"
                 else:
                     hint = "the rows differ from the last mem_len rows of [mem; input]"
-                return _verdict("memory_update", f"{where}: {hint}.", len(cases))
+                return verdict("memory_update", f"{where}: {hint}.", len(cases))
             if new.requires_grad:
-                return _verdict("memory_update", f"{where}: the new memory is still attached "
+                return verdict("memory_update", f"{where}: the new memory is still attached "
                                 "to the graph; detach it (stop-gradient), or every step "
                                 "backpropagates into all earlier segments.", len(cases))
-    return _verdict("memory_update", None, len(cases))
+    return verdict("memory_update", None, len(cases))
 
 
 def stream_batches(fn: Callable[..., object]) -> bool:
@@ -141,18 +141,18 @@ def stream_batches(fn: Callable[..., object]) -> bool:
     for N, B, L in cases:
         stream = torch.arange(N) % 251
         where = f"for {N} bytes, batch_size={B}, seg_len={L}"
-        got, err = _call(lambda: [tuple(p) for p in fn(stream.clone(), B, L)])
+        got, err = call(lambda: [tuple(p) for p in fn(stream.clone(), B, L)])
         if err:
-            return _verdict("stream_batches", f"{where}: {err}", len(cases))
+            return verdict("stream_batches", f"{where}: {err}", len(cases))
         want = list(ref(stream, B, L))
         if len(got) != len(want):
-            return _verdict("stream_batches", f"{where}: {len(got)} batches, expected "
+            return verdict("stream_batches", f"{where}: {len(got)} batches, expected "
                             f"{len(want)} (each stream holds (N - 1) // B = {(N - 1) // B} "
                             "inputs, cut into segments; the last may be shorter)", len(cases))
         for n, ((x, y), (wx, wy)) in enumerate(zip(got, want)):
             if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
                     and x.shape == wx.shape and y.shape == wy.shape):
-                return _verdict("stream_batches", f"{where}: batch {n} is not x, y of shape "
+                return verdict("stream_batches", f"{where}: batch {n} is not x, y of shape "
                                 f"{tuple(wx.shape)}", len(cases))
             if torch.equal(x.long(), wx) and torch.equal(y.long(), wy):
                 continue
@@ -165,8 +165,8 @@ def stream_batches(fn: Callable[..., object]) -> bool:
             else:
                 hint = (f"batch {n} differs: row b must hold bytes b * n + {n * L} onwards of "
                         f"the text, n = (N - 1) // B, continuing row b of the batch before")
-            return _verdict("stream_batches", f"{where}: {hint}.", len(cases))
-    return _verdict("stream_batches", None, len(cases))
+            return verdict("stream_batches", f"{where}: {hint}.", len(cases))
+    return verdict("stream_batches", None, len(cases))
 
 
 def _xl_runner(model, calls: list) -> Callable:
@@ -233,14 +233,14 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
                  f"and mem_len={mem_len}")
         calls: list = []
         run = _xl_runner(model, calls)
-        got, err = _call(fn, run, tokens, split, [m.clone() for m in mems], mem_len)
+        got, err = call(fn, run, tokens, split, [m.clone() for m in mems], mem_len)
         if err:
-            return _verdict("xl_two_segments", f"{where}: {err}", len(cases))
+            return verdict("xl_two_segments", f"{where}: {err}", len(cases))
         with torch.no_grad():
             want = model(tokens, mems, mem_len=0)[0]  # one pass over the whole sequence
         if not isinstance(got, torch.Tensor) or got.shape != want.shape:
             found = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-            return _verdict("xl_two_segments", f"{where}: the output is {found}, expected "
+            return verdict("xl_two_segments", f"{where}: the output is {found}, expected "
                             f"{tuple(want.shape)}: the logits of both segments, in order",
                             len(cases))
         if not torch.allclose(got, want, atol=1e-4):
@@ -275,16 +275,16 @@ def xl_two_segments(fn: Callable[..., torch.Tensor]) -> bool:
                 err_max = (second - want[:, split:]).abs().max().item()
                 hint = (f"the second segment's logits differ from one pass by up to "
                         f"{err_max:.3g}")
-            return _verdict("xl_two_segments", f"{where}: {hint}.", len(cases))
+            return verdict("xl_two_segments", f"{where}: {hint}.", len(cases))
         firsts = [leaf for t, leaf in calls if torch.equal(t, tokens[:, :split])]
         if firsts and got.requires_grad:
             (grad,) = torch.autograd.grad(got[:, split:].sum(), firsts[0], allow_unused=True)
             if grad is not None and grad.abs().max() > 0:
-                return _verdict("xl_two_segments", f"{where}: the values are right, but the "
+                return verdict("xl_two_segments", f"{where}: the values are right, but the "
                                 "memory is still attached to the graph: the second segment's "
                                 "loss backpropagates into the first. Detach it "
                                 "(stop-gradient).", len(cases))
-    return _verdict("xl_two_segments", None, len(cases))
+    return verdict("xl_two_segments", None, len(cases))
 
 
 def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
@@ -295,19 +295,19 @@ def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
     memory; the book's version keeps M + 1, counted from the keys present.)"""
     cases = [(4, 4), (3, 7), (5, 6), (2, 8), (4, 12), (1, 1)]
     for qlen, klen in cases:
-        got, err = _call(fn, "eager", qlen, klen)
+        got, err = call(fn, "eager", qlen, klen)
         where = f"for qlen={qlen}, klen={klen} (memory M = {klen - qlen})"
         if err:
-            return _verdict("same_length_mask", f"{where}: {err}", len(cases))
+            return verdict("same_length_mask", f"{where}: {err}", len(cases))
         if not isinstance(got, torch.Tensor):
-            return _verdict("same_length_mask", f"expected a torch.Tensor, got "
+            return verdict("same_length_mask", f"expected a torch.Tensor, got "
                             f"{type(got).__name__}", len(cases))
         if tuple(got.shape) != (qlen, klen):
-            return _verdict("same_length_mask", f"{where} the shape is {tuple(got.shape)}, "
+            return verdict("same_length_mask", f"{where} the shape is {tuple(got.shape)}, "
                             f"expected ({qlen}, {klen}): rows are queries, columns keys",
                             len(cases))
         if got.dtype != torch.bool:
-            return _verdict("same_length_mask", f"dtype is {got.dtype}, expected torch.bool "
+            return verdict("same_length_mask", f"dtype is {got.dtype}, expected torch.bool "
                             "(True = may attend)", len(cases))
         mem = klen - qlen
         dist = transformer_xl.relative_distances(qlen, klen)  # (M + i) - j
@@ -332,5 +332,5 @@ def same_length_mask(fn: Callable[..., torch.Tensor]) -> bool:
             what = "may not" if want[i, j] else "may"
             hint = (f"your mask says query {i} {what} attend key {j}. Query {i} sits at position "
                     f"{mem + i} and sees keys {i}..{mem + i}, M + 1 = {mem + 1} of them")
-        return _verdict("same_length_mask", f"{where}: {hint}.", len(cases))
-    return _verdict("same_length_mask", None, len(cases))
+        return verdict("same_length_mask", f"{where}: {hint}.", len(cases))
+    return verdict("same_length_mask", None, len(cases))
