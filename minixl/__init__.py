@@ -17,7 +17,7 @@ _NAMES = {
     'AuxLossConfig': 'aux_losses',
     'AuxLosses': 'aux_losses',
     'AuxObjective': 'aux_losses',
-    'BOOK_KINDS': 'kinds',
+    'BOOK_HOMES': 'kinds',
     'BenchArm': 'kinds',
     'Block': 'char_transformer',
     'BuiltModel': 'launch',

@@ -2,7 +2,7 @@
 benchmark and `model_from_checkpoint` know, and the presets that pick one.
 
 Hand-written glue (not generated). `KINDS` starts as the book's five, named by where each
-is declared, in its chapter's home (`BOOK_KINDS`: `minixl.xlnet.kind` for `xlnet`), and
+is declared, in its chapter's home (`BOOK_HOMES`: `minixl.xlnet.kind` for `xlnet`), and
 loaded on first use, like Hugging Face's auto registry: importing this module imports no
 chapter, and `KINDS["xlnet"]` imports Chapter 5's home and what it needs, never the SegTree
 model. `register` adds yours. The names a student uses are all here: `ModelKind`, `Preset`,
@@ -28,14 +28,14 @@ import torch.nn as nn
 from .checkpoint import CheckpointError, load_checkpoint, saved_config
 from .model_kind import BenchArm, ModelKind, Objective, Preset, not_for, with_overrides
 
-__all__ = ["ModelKind", "Preset", "Objective", "BenchArm", "KINDS", "BOOK_KINDS", "Registry",
+__all__ = ["ModelKind", "Preset", "Objective", "BenchArm", "KINDS", "BOOK_HOMES", "Registry",
            "DEFAULT_MODEL", "register",
            "kind_of", "registered", "paper_presets", "resolve_preset", "model_fields",
            "with_overrides", "refuse_foreign", "model_from_checkpoint"]
 
 # The book's kinds, in the registry's order: name -> "module:NAME", where it is declared. The
 # char kind lives in Chapter 2's home: it is Chapter 1's model with Chapter 2's losses.
-BOOK_KINDS = {"char": "minixl.aux_losses.kind:CHAR",
+BOOK_HOMES = {"char": "minixl.aux_losses.kind:CHAR",
               "shaw": "minixl.relative_attention.kind:SHAW",
               "xl": "minixl.transformer_xl.kind:XL",
               "xlnet": "minixl.xlnet.kind:XLNET",
@@ -63,9 +63,9 @@ class Registry(MutableMapping):
         return self._kinds[name]
 
     def __setitem__(self, name: str, kind: ModelKind) -> None:
-        self._where.pop(name, None)
-        if name not in self._kinds:
+        if name not in self:  # a new name goes last; a named one keeps its place
             self._order.append(name)
+        self._where.pop(name, None)
         self._kinds[name] = kind
 
     def __delitem__(self, name: str) -> None:
@@ -92,10 +92,10 @@ class Registry(MutableMapping):
         return (f"Registry({', '.join(n if n in self._kinds else n + ' (not loaded)' for n in self)})")
 
 
-KINDS = Registry(BOOK_KINDS)
+KINDS = Registry(BOOK_HOMES)
 # name -> the module that declared the kind ("__main__" for a notebook cell): a kind declared
 # again by the same module replaces its old self; one from elsewhere may not take its name.
-ORIGINS: dict[str, str | None] = {n: w.partition(":")[0] for n, w in BOOK_KINDS.items()}
+ORIGINS: dict[str, str | None] = {n: w.partition(":")[0] for n, w in BOOK_HOMES.items()}
 DEFAULT_MODEL = "char"  # what `minixl train` trains without --model
 
 

@@ -257,9 +257,20 @@ def test_the_import_order_lint_reads_each_file_and_what_its_imports_hide():
         "a", "pkg", "pkg.c"}
     assert "late" in imported_modules(code, name="pkg.b", known=known)
     assert imported_modules("from minixl.pkg.b import z\n", known=known) == {"pkg", "pkg.b"}
-    hidden = "import importlib\ndef f(m):\n    return importlib.import_module(f'..{m}', 'x')\n"
+    hidden = ("import importlib\ndef f(m):\n"
+              "    return importlib.import_module(f'..{m}', __package__)\n")
     assert imported_modules(hidden, name="pkg.b", known=known, top_level_only=True) == (
         known - {"pkg.b"})
+    under = "from importlib import import_module\ndef f(m):\n    import_module(f'.{m}')\n"
+    assert imported_modules(under, name="pkg.b", known=known | {"pkgx"},
+                            top_level_only=True) == {"pkg", "pkg.c"}  # not pkgx
+    other = "from importlib import import_module\ndef f():\n    import_module('.c', 'minixl.a')\n"
+    assert imported_modules(other, name="pkg.b", known=known | {"a.c"},
+                            top_level_only=True) == {"a", "a.c"}
+    guarded = "try:\n    from ..late import y\nexcept ImportError:\n    y = None\n"
+    assert imported_modules(guarded, name="pkg.b", known=known, top_level_only=True) == {"late"}
+    both = "from minixl.pkg import b, x\n"  # a submodule and a name of the package itself
+    assert imported_modules(both, known=known, parents=False) == {"pkg", "pkg.b"}
     named = "from importlib import import_module\ndef f():\n    import_module('minixl.late')\n"
     assert imported_modules(named, name="a", known=known, top_level_only=True) == {"late"}
     table = "from importlib import import_module\nT = {'x': 'minixl.late'}\n" + (
@@ -275,7 +286,8 @@ def test_a_chapter_may_use_its_own_package_but_not_its_module_or_a_later_one():
     owner = {"one": ROOT / "book/01_one.md", "two": ROOT / "book/02_two.md",
              "three": ROOT / "book/03_three.md"}
     graph = {"one": set(), "two": {"one"}, "three": {"two"}, "two.experiments": {"two"},  # its package
-             "tables": {"two.experiments"}, "late": {"tables", "three"}}
+             "tables": {"two.experiments"}, "late": {"tables", "three"},
+             "two.ahead": {"two", "three"}}  # a file of the home that needs chapter 3
 
     def problems(*imports: str) -> list[str]:
         cells = ["\n".join(f"from minixl.{m} import x" for m in imports)]
@@ -289,6 +301,9 @@ def test_a_chapter_may_use_its_own_package_but_not_its_module_or_a_later_one():
         "book/02_two.md imports minixl.tables, which needs chapter 02's module (through "
         "minixl.two.experiments, minixl.two): a chapter may use only what earlier chapters "
         "export"]
+    assert problems("two.ahead") == [
+        "book/02_two.md imports minixl.two.ahead, which needs chapter 03's module (through "
+        "minixl.three): a chapter may use only what earlier chapters export"]
     assert problems("late") == [
         "book/02_two.md imports minixl.late, which needs chapter 03's module (through "
         "minixl.three): a chapter may use only what earlier chapters export"]

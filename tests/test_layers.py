@@ -128,12 +128,13 @@ def test_the_layers_of_the_kinds_point_one_way():
         assert not above, f"{layer} reaches {sorted(above)}"
     homes = sorted(n for n in graph if n.endswith(".kind"))
     assert len(homes) == 5, homes
-    # the chapters' modules, their kinds and the trainer's loop reach none of the registry's
-    # layers; the registry reaches no chapter
-    for low in homes + ["minixl.char_transformer", "minixl.xlnet", "minixl.segtree",
-                        "minixl.training"]:
+    # the chapters' kinds build on model_kind and reach none of the registry's layers; the
+    # chapters' modules and the trainer's loop reach not even model_kind
+    for low in homes:
+        assert "minixl.model_kind" in _reach(graph, low), low
         assert not set(layers[2:]) & _reach(graph, low), low
-        assert "minixl.model_kind" in _reach(graph, low) or not low.endswith(".kind"), low
+    for low in ["minixl.char_transformer", "minixl.xlnet", "minixl.segtree", "minixl.training"]:
+        assert not set(layers[1:]) & _reach(graph, low), low
 
 
 CHAPTERS = ["char_transformer", "aux_losses", "relative_attention", "transformer_xl", "xlnet",
@@ -151,6 +152,10 @@ def test_each_chapters_code_is_in_its_home_and_needs_no_later_chapter():
     graph = at_import()
     homeless = [n for n in graph if n.rpartition(".")[2] in CHAPTERS and "." in n]
     assert homeless == [], homeless
+    # what stays outside the homes: the registry of runs and the table of checkers, with the
+    # checks of every kind and the shared verdicts
+    assert {n for n in graph if n.startswith(("experiments.", "check."))} == {
+        "experiments.__main__", "check.kinds", "check.verdicts"}
     for i, chapter in enumerate(CHAPTERS):
         home = [n for n in graph if n == chapter or n.startswith(chapter + ".")]
         assert {chapter, f"{chapter}.check"} <= set(home), home
@@ -187,9 +192,10 @@ def test_the_registry_loads_a_kind_and_what_it_needs_on_first_use():
 
 
 def test_a_kind_named_in_the_registry_must_be_the_kind_it_names():
+    import dataclasses
     import importlib
 
-    from minixl.kinds import Registry
+    from minixl.kinds import KINDS, Registry
 
     table = Registry({"char": "minixl.aux_losses.kind:CHAR",
                       "wrong": "minixl.aux_losses.kind:CHAR"})
@@ -203,6 +209,13 @@ def test_a_kind_named_in_the_registry_must_be_the_kind_it_names():
         table["absent"]
     del table["wrong"]
     assert list(table) == ["char"] and "wrong" not in table
+    # a kind put under a name the table only names yet takes its place, once
+    table = Registry({"char": "minixl.aux_losses.kind:CHAR", "shaw": "no.such.module:SHAW"})
+    mine = dataclasses.replace(KINDS["char"], name="shaw", summary="mine")
+    table["shaw"] = mine
+    assert list(table) == ["char", "shaw"] and len(table) == 2 and table["shaw"] is mine
+    table["new"] = mine
+    assert list(table) == ["char", "shaw", "new"]
 
 
 @pytest.mark.slow

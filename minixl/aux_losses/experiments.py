@@ -35,7 +35,6 @@ def depth_sweep(depths: str = "4,16,32", norms: str = "pre,post", seeds: str = "
 
     import torch
 
-
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
     norm_list = [n.strip() for n in norms.split(",") if n.strip()]
     if not norm_list or any(n not in ("pre", "post") for n in norm_list):
@@ -108,7 +107,6 @@ def aux_ablation(seeds: str = "0,1,2", steps: int = 150, arms: str | None = None
 
     import torch
     import torch.nn.functional as F
-
 
     names = pick_arms(arms, ABLATION_ARMS)
     seed_list = int_list(seeds, "seeds", 0)

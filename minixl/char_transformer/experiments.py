@@ -36,7 +36,6 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
 
     import torch
 
-
     depth_list, seed_list = int_list(depths, "depths"), int_list(seeds, "seeds", 0)
     arm_list = pick_arms(arms, POSITION_ARMS, sep=",")
     if steps < 1:

@@ -66,7 +66,6 @@ def _plan(arm: str, length: int, params: int, shape_length: int):
     width search runs once per point, not once per round."""
     from types import SimpleNamespace
 
-
     arms = contestants(arm)
     (row,) = plan_bench(budget=1e12, params=params, length=shape_length, batch_size=1,
                         arms=arms)

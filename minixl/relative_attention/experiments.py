@@ -29,7 +29,6 @@ def shaw_cost(lengths: str | None = None, clips: str = "4,16", repeats: int = 5,
     `repeats` runs each), with the fastest form and the one `shaw_form` picks there."""
     import torch
 
-
     dev = str(resolve_device(device))
     if lengths is None:
         lengths = "64,128,256,512,1024" if dev.startswith("cuda") else "16,32,64,128,256"
@@ -63,7 +62,6 @@ def shaw_positions(seeds: str = "0,1,2", steps: int = 250, max_relative: int = 1
     import time
 
     import torch
-
 
     seed_list = int_list(seeds, "seeds", 0)
     length_list = int_list(lengths, "lengths")

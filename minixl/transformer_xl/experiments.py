@@ -67,7 +67,6 @@ def xl_eval_speed(lengths: str = "64,128,256,512,1024,2048", streams: int = 4,
 
     import torch
 
-
     A_list = int_list(lengths, "lengths")
     if min(streams, tgt_len, passes) < 1 or min(A_list) < tgt_len:
         raise ValueError(f"streams, tgt_len and passes must be positive and every length >= "
@@ -138,7 +137,6 @@ def xl_order(seeds: str = "0,1,2", steps: int = 250, eval_bytes: int = 8192,
 
     import torch
     import torch.nn.functional as F
-
 
     seed_list = int_list(seeds, "seeds", 0)
     if min(steps, eval_bytes) < 64:
@@ -246,7 +244,6 @@ def hf_xl(preset: str = "xl-base", batch_size: int | None = None, steps: int = 1
 
     import torch
     import torch.nn.functional as F
-
 
     _transfoxl()  # the clear error first
     kind, preset = resolve_preset("xl", preset)

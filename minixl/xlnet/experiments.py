@@ -48,7 +48,6 @@ def _train(model, batches, objective: str, seed: int, steps: int):
     training loop: (the result, seconds)."""
     import time
 
-
     t0 = time.perf_counter()
     result = train(model, TrainConfig(steps=steps, batch_size=16, lr=3e-3, warmup=50,
                                       seed=seed),
@@ -70,7 +69,6 @@ def xlnet_memory(seeds: str = "0,1,2", steps: int = 500, mem_len: int = 64,
     without its ids."""
 
     import torch
-
 
     seed_list = int_list(seeds, "seeds", 0)
     chosen = pick_arms(arms, ARMS)
@@ -151,7 +149,6 @@ def layout_input(text, *, seq_len: int, reuse_len: int, a_len: int):
     after it 1, CLS 2."""
     import torch
 
-
     T, R = seq_len, reuse_len
     free = T - R - 3  # the bytes of A and B
     if text.dim() != 2 or text.size(1) != R + free:
@@ -230,7 +227,6 @@ def xlnet_k_cost(ks: str = "1,2,4,6,8", rounds: int = 11, steps: int = 10, batch
 
     import torch
     import torch.nn.functional as F
-
 
     k_list = int_list(ks, "ks", 1)
     T = SMALL["seq_len"]
@@ -327,7 +323,6 @@ def xlnet_objectives(seeds: str = "0,1,2", steps: int = 500, arms: str | None = 
 
     import torch
 
-
     seed_list = int_list(seeds, "seeds", 0)
     table = {**OBJECTIVE_ARMS, **MORE_OBJECTIVE_ARMS}
     chosen = list(OBJECTIVE_ARMS) if arms is None else pick_arms(arms, table)
@@ -397,7 +392,6 @@ def pair_control(seeds: str = "0,1,2", steps: int = 500, records: int = 4, n_pre
     seen when the second is predicted), independent (the cue seen, neither byte the other),
     causal (the left side only). One row per arm and seed: bits per pair in each reading."""
     import torch
-
 
     seed_list = int_list(seeds, "seeds", 0)
     if steps < 1 or records < 3 or eval_windows < 1:

@@ -80,56 +80,89 @@ def imported_modules(code: str, *, name: str = "", is_package: bool = False,
     a chapter's cell, which imports minixl absolutely). known: the package's modules, so that
     `from .pkg import mod` counts pkg.mod and `from .mod import x` counts mod (default: every
     module of minixl). parents: a submodule counts its packages too (importing
-    minixl.xlnet.check runs minixl/xlnet/__init__.py first). top_level_only: only the import
-    statements that run when the module is imported, not those inside functions. Calls of importlib.import_module are
-    read wherever they are: a string names its module; an f-string names every module under
-    its literal prefix (f"minixl.{name}": all of them), since any of them may be loaded.
+    minixl.xlnet.check runs minixl/xlnet/__init__.py first). top_level_only: only the
+    statements that run when the module is imported (a top-level `if` or `try` included),
+    not those inside functions. Calls of importlib.import_module are read wherever they
+    are: a string names its module; an f-string names every module under its literal prefix
+    (f"minixl.{name}": all of them), since any of them may be loaded.
     """
     known = set(package_modules()) if known is None else set(known)
     package = name if is_package else name.rpartition(".")[0]
 
-    def absolute(level: int, module: str | None) -> str:
+    def absolute(level: int, module: str | None, base_package: str | None = None) -> str:
         """The dotted name (under minixl) of a relative or absolute module reference, or
-        "" for minixl itself; None where it is not in minixl."""
+        "" for minixl itself; None where it is not in minixl. base_package: the package a
+        relative name starts from (default: the code's own)."""
         if level == 0:
             top, _, rest = (module or "").partition(".")
             return rest if top == "minixl" else None
-        base = ["minixl"] + (package.split(".") if package else [])
+        start = package if base_package is None else absolute(0, base_package)
+        if start is None:
+            return None
+        base = ["minixl"] + (start.split(".") if start else [])
         if level > len(base):
             return None
         parts = base[:len(base) - level + 1] + ([module] if module else [])
         return ".".join(parts[1:])
 
+    def runs_on_import(tree) -> list:
+        """The nodes that run when the module is imported: all but function bodies."""
+        out, todo = [], list(tree.body)
+        while todo:
+            node = todo.pop()
+            out.append(node)
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                todo.extend(ast.iter_child_nodes(node))
+        return out
+
+    def import_module_target(call: ast.Call) -> set[str]:
+        """What an import_module(name, package) call may load: a string, its module; an
+        f-string, every module under its literal prefix; anything else (a name from a
+        table), nothing: a lazy table by name is not an import."""
+        arg = call.args[0]
+        given = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg == "package"), None)
+        base = given.value if isinstance(given, ast.Constant) else None  # __package__: own
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            level = len(arg.value) - len(arg.value.lstrip("."))
+            target = absolute(level, arg.value[level:] or None, base)
+            return {target} if target else set()
+        if not (isinstance(arg, ast.JoinedStr) and arg.values
+                and isinstance(arg.values[0], ast.Constant)):
+            return set()
+        prefix = arg.values[0].value
+        level = len(prefix) - len(prefix.lstrip("."))
+        stem = prefix[level:]
+        if level == 0 and not stem.startswith("minixl."):
+            return set()
+        head = absolute(level, stem.rstrip(".") or None, base) if level else stem[7:].rstrip(".")
+        if head is None:
+            return set()
+        if not head:
+            return set(known)
+        if prefix.endswith("."):  # whole names under the package `head`
+            return {m for m in known if m.startswith(head + ".")}
+        return {m for m in known if m.startswith(head)}  # a name's first letters
+
+    tree = ast.parse(code)
     found = set()
-    nodes = ast.parse(code).body if top_level_only else list(ast.walk(ast.parse(code)))
+    nodes = runs_on_import(tree) if top_level_only else list(ast.walk(tree))
     if top_level_only:  # import_module calls anywhere still count
-        nodes += [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call)]
+        nodes += [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
     for node in nodes:
         if isinstance(node, ast.ImportFrom):
             source = absolute(node.level, node.module)
             if source is None:
                 continue
             subs = {f"{source}.{a.name}".lstrip(".") for a in node.names} & known
-            found |= subs if subs else ({source} if source else set())
+            found |= subs
+            if len(subs) < len(node.names) and source:  # names of the module itself too
+                found.add(source)
         elif isinstance(node, ast.Import):
             found |= {m for a in node.names if (m := absolute(0, a.name))}
         elif (isinstance(node, ast.Call) and node.args
               and getattr(node.func, "id", getattr(node.func, "attr", "")) == "import_module"):
-            arg = node.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                level = len(arg.value) - len(arg.value.lstrip("."))
-                if (target := absolute(level, arg.value[level:] or None)):
-                    found.add(target)
-            elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(
-                    arg.values[0], ast.Constant):
-                prefix = arg.values[0].value
-                level = len(prefix) - len(prefix.lstrip("."))
-                stem = prefix[level:]
-                if level == 0 and not stem.startswith("minixl."):
-                    continue
-                head = absolute(level, stem.rstrip(".") or None) if level else stem[7:]
-                if head is not None:
-                    found |= {m for m in known if m.startswith(head.rstrip("."))}
+            found |= import_module_target(node)
     with_parents = set(found)
     for module in found if parents else ():
         parts = module.split(".")
