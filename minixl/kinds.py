@@ -122,7 +122,7 @@ def register(*kinds: ModelKind, replace: bool = False, origin: str | None = None
     if twice:
         raise ValueError(f"register() was given two model kinds called {twice[0]!r}")
     for kind in kinds:
-        # (a book kind not imported yet is imported only to name where it comes from)
+        # a book kind not imported yet is imported here, to tell whether it is this one
         if replace or kind.name not in KINDS or ORIGINS.get(kind.name) == origin:
             continue
         old = KINDS[kind.name]
