@@ -8,6 +8,8 @@ subprocesses, several processes, signals, suites and experiments) are left out b
 """
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "browser" in item.keywords:
             item.add_marker(skip)
+
+
+def loaded_after(code: str) -> tuple[set[str], str]:
+    """The minixl modules (and torch._dynamo, if it is) a fresh interpreter has loaded after
+    running code; its stdout."""
+    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
+                        "sys.modules if m.startswith(('minixl', 'torch._dynamo'))))"],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    *printed, modules = r.stdout.strip().splitlines()
+    return set(eval(modules)), "\n".join(printed)

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from conftest import loaded_after
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -325,17 +327,6 @@ def test_a_chapter_importing_a_later_chapter_is_an_import_order_problem(repo_cop
             "module (through minixl.relative_attention)") in r.stderr
     r = book_check(repo_copy)
     assert r.returncode == 1 and "imports minixl.transformer_xl, which needs" in r.stderr
-
-
-def loaded_after(code: str) -> tuple[set[str], str]:
-    """The minixl modules (and torch._dynamo, if it is) a fresh interpreter has loaded after
-    running code; its stdout."""
-    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
-                        "sys.modules if m.startswith(('minixl', 'torch._dynamo'))))"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
-    *printed, modules = r.stdout.strip().splitlines()
-    return set(eval(modules)), "\n".join(printed)
 
 
 LATER = {"minixl.transformer_xl", "minixl.aux_losses", "minixl.relative_attention",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import loaded_after
+
 PACKAGE = Path(__file__).resolve().parent.parent / "minixl"
 
 
@@ -168,24 +170,15 @@ def test_each_chapters_code_is_in_its_home_and_needs_no_later_chapter():
         assert _reach(graph, module) & set(CHAPTERS) == allowed, module
 
 
-def _loaded_after(code: str) -> set[str]:
-    r = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(sorted(m for m in "
-                        "sys.modules if m.startswith('minixl')))"],
-                       capture_output=True, text=True, cwd=PACKAGE.parent)
-    assert r.returncode == 0, r.stderr
-    return set(eval(r.stdout.strip().splitlines()[-1]))
-
-
 def test_the_registry_loads_a_kind_and_what_it_needs_on_first_use():
     """`import minixl.kinds` imports no chapter; `KINDS["xlnet"]` imports Chapter 5's home
     and the chapters it builds on, never the SegTree model; listing the names loads none."""
-    chapters = {"minixl.char_transformer", "minixl.aux_losses", "minixl.relative_attention",
-                "minixl.transformer_xl", "minixl.xlnet", "minixl.segtree", "minixl.one_bench"}
-    loaded = _loaded_after("from minixl.kinds import KINDS\n"
+    chapters = {f"minixl.{c}" for c in CHAPTERS}
+    loaded, _ = loaded_after("from minixl.kinds import KINDS\n"
                            "assert list(KINDS) == ['char', 'shaw', 'xl', 'xlnet', 'segtree']\n"
                            "assert 'segtree' in KINDS and KINDS.loaded() == []")
     assert not loaded & chapters, loaded
-    loaded = _loaded_after("from minixl.kinds import KINDS\nk = KINDS['xlnet']\n"
+    loaded, _ = loaded_after("from minixl.kinds import KINDS\nk = KINDS['xlnet']\n"
                            "assert k.name == 'xlnet' and KINDS.loaded() == ['xlnet']")
     assert {"minixl.xlnet", "minixl.xlnet.kind"} <= loaded, loaded
     assert not loaded & {"minixl.segtree", "minixl.segtree.kind", "minixl.one_bench"}, loaded

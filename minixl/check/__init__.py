@@ -20,26 +20,24 @@ from __future__ import annotations
 
 from importlib import import_module
 
-# checker -> the chapter (minixl.NAME.check) or module of minixl.check that defines it, in
-# the book's order
-_WHERE = {
-    "causal_mask": "char_transformer", "attention": "char_transformer",  # Chapter 1
-    "sinusoid_positions": "char_transformer",
-    "intermediate_weight": "aux_losses", "sliding_windows": "aux_losses",  # Chapter 2
-    "ahead_pairs": "aux_losses", "step_weight": "aux_losses", "every_start_table": "aux_losses",
-    "shaw_attention": "relative_attention", "relative_index": "relative_attention",  # 3
-    "distance_weights": "relative_attention", "per_head_shaw": "relative_attention",
-    "rel_shift": "transformer_xl", "four_term_score": "transformer_xl",  # Chapter 4
-    "memory_update": "transformer_xl", "stream_batches": "transformer_xl",
-    "same_length_mask": "transformer_xl", "xl_two_segments": "transformer_xl",
-    "permutation_masks": "xlnet", "query_stream_mask": "xlnet",  # Chapter 5
-    "query_stream_update": "xlnet", "rel_shift_bi": "xlnet", "span_targets": "xlnet",
-    "targets_for_k": "xlnet",
-    "leaf_context": "segtree", "bpt_context": "segtree", "causal_tree_graph": "segtree",  # 6
-    "gathered_attention": "segtree", "sibling_scores": "segtree",
-    "matched_compute": "one_bench", "reach": "one_bench", "contestant": "one_bench",  # 7
-    "kind": "kinds",  # every model kind, yours too
+# where each checker is defined, in the book's order: each chapter's home, then the checks of
+# every model kind (yours too)
+_MODULES = {
+    "minixl.char_transformer.check": ("causal_mask", "attention", "sinusoid_positions"),
+    "minixl.aux_losses.check": ("intermediate_weight", "sliding_windows", "ahead_pairs",
+                                "step_weight", "every_start_table"),
+    "minixl.relative_attention.check": ("shaw_attention", "relative_index", "distance_weights",
+                                        "per_head_shaw"),
+    "minixl.transformer_xl.check": ("rel_shift", "four_term_score", "memory_update",
+                                    "stream_batches", "same_length_mask", "xl_two_segments"),
+    "minixl.xlnet.check": ("permutation_masks", "query_stream_mask", "query_stream_update",
+                           "rel_shift_bi", "span_targets", "targets_for_k"),
+    "minixl.segtree.check": ("leaf_context", "bpt_context", "causal_tree_graph",
+                             "gathered_attention", "sibling_scores"),
+    "minixl.one_bench.check": ("matched_compute", "reach", "contestant"),
+    "minixl.check.kinds": ("kind",),
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = list(_WHERE)
 
 
@@ -47,9 +45,7 @@ def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"minixl.check has no checker {name!r}; the checkers are "
                              f"{', '.join(_WHERE)}")
-    where = _WHERE[name]
-    value = getattr(import_module(f"minixl.{where}.check" if where != "kinds"
-                                  else f"{__name__}.kinds"), name)
+    value = getattr(import_module(_WHERE[name]), name)
     globals()[name] = value
     return value
 

@@ -54,12 +54,13 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0) -> R
     g = torch.Generator().manual_seed(seed)
     asks: dict[int, int] = {}  # item -> the item it asks for
     keys, values = torch.zeros(n_items, key, dtype=torch.long), torch.zeros(n_items, dtype=torch.long)
+    marker = torch.full((n_items, 1), WRITE)
     busy: dict[int, int] = {}  # key code -> the last item that may still ask for it
     answers, far = [], []
     for i in range(n_items):
         if i in asks:  # a query: the key and value of the write it asks for
             source = asks.pop(i)
-            keys[i], values[i] = keys[source], values[source]
+            keys[i], values[i], marker[i] = keys[source], values[source], ASK
             answers.append(i * size + size - 1)
             far.append((i - source) * size)
             continue
@@ -73,11 +74,6 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0) -> R
         busy[code] = i + span  # not written again before any query of it could come
         if i + d < n_items and i + d not in asks:
             asks[i + d] = i
-    marker = torch.full((n_items, 1), WRITE)
-    query = torch.zeros(n_items, dtype=torch.bool)
-    if answers:
-        query[torch.tensor(answers) // size] = True
-    marker[query] = ASK
     data = torch.cat([keys + ord("a"), marker, (values + ord("A"))[:, None]], dim=1)
     return ReachRecords(data.reshape(-1).to(torch.uint8), torch.tensor(answers, dtype=torch.long),
                         torch.tensor(far, dtype=torch.long))
