@@ -96,3 +96,118 @@ def test_recall_windows_leave_every_target_but_the_answers_to_the_loss_to_ignore
     kept = y != -100
     assert torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item() == (
         pytest.approx(torch.nn.functional.cross_entropy(logits[kept], y[kept]).item()))
+
+
+def _starts(data: torch.Tensor, rows: torch.Tensor) -> list[int]:
+    """Where each row of rows [B, T] lies in the stream data [N] (the first match)."""
+    T = rows.shape[1]
+    windows = data.long().unfold(0, T, 1)
+    return [int(torch.nonzero((windows == row).all(1))[0]) for row in rows]
+
+
+@pytest.mark.parametrize("kind_name", ["char", "xl"])
+def test_answers_only_leaves_each_kinds_own_source_the_answers_alone(kind_name):
+    """Random windows (char) and ordered streams with a memory (xl): the wrapped source gives
+    the same inputs, and targets only where the target byte is an answer."""
+    from minixl.kinds import KINDS
+    from minixl.one_bench.recall import answers_only
+
+    kind = KINDS[kind_name]
+    r = recall_records(600, [8, 32], seed=4)
+    config = kind.config(**{kind.length: 24})
+    plain = kind.batches(r.data, 4, config, seed=2)
+    wrapped = answers_only(kind.batches(r.data, 4, config, seed=2))
+    mask = answer_mask(r)
+    for step in (0, 1, 5):
+        a, b = plain(step), wrapped(step)
+        assert torch.equal(a.x, b.x) and a.reset_state == b.reset_state
+        for row, y, start in zip(b.x, b.y, _starts(r.data, b.x)):
+            answered = mask[start + 1:start + 1 + len(row)]
+            assert bool(answered.any())
+            assert torch.equal(y[answered], r.data[start + 1:start + 1 + len(row)][answered].long())
+            assert bool((y[~answered] == -100).all())
+
+
+def test_answers_only_passes_a_source_whose_targets_are_not_next_bytes():
+    from minixl.data import Batch
+    from minixl.one_bench.recall import answers_only
+
+    x = torch.full((2, 8), ASK)
+    direction = torch.tensor([0, 1])  # what XLNet's pretraining streams put in y
+    b = answers_only(lambda step: Batch(x, direction, True))(0)
+    assert b.y is direction
+
+
+def test_the_control_verdict_reads_the_control_arm_at_the_shortest_distance_in_every_seed():
+    from minixl.one_bench.recall import control_verdict
+
+    def rows(accuracies, arm="shaw"):
+        out = []
+        for seed, acc in enumerate(accuracies):
+            for length in (256, 1024):
+                for low, a in ((16, acc), (64, 0.04)):  # far bands never count
+                    out.append({"arm": arm, "length": length, "seed": seed, "low": low,
+                                "accuracy": a if length == 256 else 0.0})
+        return out
+
+    passed, said = control_verdict(rows([0.97, 0.99, 0.96]))
+    assert passed and said.startswith("positive control passed: shaw at length 256 recalls 16")
+    passed, said = control_verdict(rows([0.97, 0.90, 0.99]))
+    assert not passed and "FAILED" in said and "0.900, 0.970, 0.990" in said
+    assert "concludes nothing" in said
+    passed, said = control_verdict(rows([0.99], arm="char"))
+    assert not passed and said.startswith("no positive control: the arm 'shaw' did not run")
+    assert control_verdict(rows([0.99], arm="char"), "char")[0]
+    assert not control_verdict(rows([0.99]), control_accuracy=0.995)[0]
+
+
+@pytest.mark.slow
+def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_its_control(
+        tmp_path):
+    import csv
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from minixl.one_bench.recall import RECALL_COLUMNS
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "recall" / "recall.csv"
+    tiny = ["bench_recall", "--budget", "1e9", "--params", "20000", "--seeds", "0",
+            "--models", "char,shaw,xl", "--lengths", "16,32", "--distances", "8,16,64",
+            "--batch-size", "4", "--train-bytes", "8192", "--eval-items", "100",
+            "--csv", str(out)]
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "minixl.experiments", *tiny, *extra],
+                              capture_output=True, text=True, cwd=root, env=env, timeout=600)
+
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == RECALL_COLUMNS
+    assert [(x["arm"], x["length"]) for x in rows[::3]] == [
+        (a, n) for n in ("16", "32") for a in ("char", "shaw", "xl")]
+    assert [x["band"] for x in rows[:3]] == ["8-15", "16-63", "64"]
+    test = recall_records(100, [8, 16, 64], seed=10_000)
+    for i in range(0, len(rows), 3):  # every answer of the held-out stream, in one band
+        assert sum(int(x["cases"]) for x in rows[i:i + 3]) == len(test.answers)
+        assert [int(x["cases"]) for x in rows[i:i + 3]] == [
+            int(((test.distance >= lo) & (test.distance <= hi)).sum())
+            for lo, hi in distance_bands([8, 16, 64])]
+    mark = {(x["arm"], x["length"], x["band"]): x["reachable"] for x in rows}
+    assert mark["char", "16", "64"] == "a prediction reads at most 16 bytes back (a window of 16 bytes)"
+    assert mark["shaw", "32", "16-63"] == "yes" and mark["xl", "16", "64"] == "yes"
+    assert r.stdout.count("bench_recall [") == 6
+    verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: ")]
+    assert len(verdict) == 1 and "shaw at length 16 recalls 8 bytes back" in verdict[0]
+    assert ("passed" in verdict[0]) != ("FAILED" in verdict[0] and "concludes nothing" in verdict[0])
+    again = run()  # every point written: nothing trains again, the same rows come back
+    assert again.returncode == 0 and "bench_recall [" not in again.stdout
+    with open(out, newline="") as f:
+        assert list(csv.DictReader(f)) == rows
+    bad = run("--control", "segtree")
+    assert bad.returncode == 2 and "--control 'segtree' is not among the contestants" in bad.stderr

@@ -531,3 +531,28 @@ register(Experiment(
     report="minixl.one_bench.bench_cost:report", beside=True,
     measured=("train_peak_mb", "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
               "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest")))
+
+register(Experiment(
+    "bench_recall", "minixl.one_bench.recall:bench_recall", "book/bench/recall/recall.csv",
+    "Recall at length: every contestant at matched compute at each context length, trained on "
+    "multi-query associative recall in bytes (loss on the answers), accuracy by band of "
+    "distance, each band marked in or out of reach before training; a dense-attention "
+    "positive control in every run (a stopped run resumes)",
+    (Option("budget", float, 1e12, "training FLOPs of every contestant at every length"),
+     Option("params", int, 100_000, "the parameter count every contestant is sized to"),
+     _SEEDS,
+     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
+            "(default: every registered kind's arms)"),
+     Option("lengths", str, "256,1024,4096", "comma-separated window (or segment) lengths"),
+     Option("distances", str, "16,64,256,1024", "comma-separated distances in bytes, each a "
+            "multiple of 4; the shortest is the control's, inside every window"),
+     Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
+     Option("train_bytes", int, 1 << 20, "bytes of the training stream"),
+     Option("eval_items", int, 2000, "held-out items (4 bytes each) per seed"),
+     Option("lr", float, 2e-3, "peak learning rate, every contestant"),
+     Option("control", str, "shaw", "the bench arm of the positive control (dense attention)"),
+     Option("control_accuracy", float, 0.95, "the accuracy the control must reach at the "
+            "shortest distance, in every seed"),
+     _CUDA_DEVICE, _THREADS),
+    ("arm", "length", "seed", "steps", "band", "cases", "accuracy", "bits", "reachable"),
+    beside=True, measured=("train_seconds",)))

@@ -140,9 +140,10 @@ def _done(path: Path, settings: str) -> list[dict]:
     return rows
 
 
-def train_arm(kind, plan, data, *, seed: int, lr: float, device: str):
+def train_arm(kind, plan, data, *, seed: int, lr: float, device: str, wrap=None):
     """(model, seconds): one bench arm's plan trained on data [N] from `seed`, with a tenth
-    of its steps as warm-up and no held-out scores or checkpoints on the way."""
+    of its steps as warm-up and no held-out scores or checkpoints on the way. wrap, if
+    given, wraps the kind's batch source (the recall task's answers_only, say)."""
     torch.manual_seed(seed)
     model = kind.build(plan.config)
     objective = kind.build_objective(plan.config, plan.objective)
@@ -151,6 +152,8 @@ def train_arm(kind, plan, data, *, seed: int, lr: float, device: str):
                       eval_every=10 ** 9, eval_bytes=None, log_every=10 ** 9,
                       ckpt_every=10 ** 9)
     batches = kind.batches(data, plan.batch_size, plan.config, seed=seed)
+    if wrap is not None:
+        batches = wrap(batches)
     result = train(model, cfg, batches=batches, objective=objective, progress=False,
                    no_decay=kind.no_decay)
     return result.model, result.seconds

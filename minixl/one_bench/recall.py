@@ -17,17 +17,33 @@ and a model that cannot read d bytes back guesses among 26 values (log2 26 bits)
 source is, in the same `ReachRecords` as the reach task of `minixl.reach`, so
 `minixl.reach.score_reach` scores it by band of distance and `minixl.reach.unreachable`
 names the distances a model cannot reach before it trains. `RecallWindows` is its batch
-source, the loss on the answers only (as Zoology trains).
+source, the loss on the answers only (as Zoology trains); `answers_only` puts any kind's own
+batch source (windows, or ordered streams with a memory) on the same footing.
+
+`bench_recall` is the task at length: every contestant planned at matched compute
+(`minixl.planner`) at each context length, trained on the stream, read left to right under
+the bench's common protocol and scored by band of distance, each band marked before training
+as in or out of the model's reach. Each run carries its positive control: a dense-attention
+arm at a distance inside every window must reach `control_accuracy`, or the run says that it
+concludes nothing (`control_verdict`, printed at the end of every run).
 """
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 
 from ..data import Batch, step_seed
-from ..reach import ReachRecords
+from ..experiments import int_list, torch_threads, write_csv
+from ..planner import plan_bench
+from ..reach import ReachRecords, distance_bands, score_reach, unreachable
+from .bench_all import (_done, _float_list, _reachable, _settings, contestants,
+                        read_left_to_right, reading_segment, train_arm)
 
-__all__ = ["VALUES", "recall_records", "answer_mask", "RecallWindows"]
+__all__ = ["VALUES", "recall_records", "answer_mask", "RecallWindows", "answers_only",
+           "RECALL_COLUMNS", "bench_recall", "control_verdict"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
@@ -103,4 +119,125 @@ class RecallWindows:
         starts = torch.randint(len(self.data) - self.length, (self.batch_size,), generator=gen)
         rows = starts[:, None] + torch.arange(self.length)  # (B, T)
         return Batch(self.data[rows].long(), self.targets[rows + 1], True)
+
+
+
+def answers_only(batches):
+    """A batch source like `batches` (step -> Batch), its targets -100 (ignored by the loss)
+    except the byte after each query marker '?': the answer. A source whose targets are not
+    the next bytes (y not of x's shape: XLNet's pretraining streams) is passed through, and
+    an objective that reads no targets (XLNet's permutation objective predicts its own
+    inputs) still trains on every byte."""
+    def source(step: int) -> Batch:
+        b = batches(step)
+        if b.y.shape != b.x.shape:
+            return b
+        return b._replace(y=torch.where(b.x == ASK, b.y, torch.full_like(b.y, -100)))
+    return source
+
+
+RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "band", "low",
+                  "high", "cases", "accuracy", "bits", "reach", "reachable", "train_seconds",
+                  "settings")
+
+
+def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,2",
+                 models: str | None = None, lengths: str = "256,1024,4096",
+                 distances: str = "16,64,256,1024", batch_size: int = 8,
+                 train_bytes: int = 1 << 20, eval_items: int = 2000, lr: float = 2e-3,
+                 control: str = "shaw", control_accuracy: float = 0.95,
+                 csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
+                 threads: int = 1) -> list[dict]:
+    """Recall at length (see the module docstring): one row per contestant, length, seed
+    and band of distance, written to `csv` as each point is done (a stopped run resumes;
+    its settings must match). Every contestant is planned at `params` parameters and
+    `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
+    loss on the answers, and is read on `eval_items` held-out items a seed. The control is
+    the arm `control` (a dense attention model) at the shortest distance, which lies inside
+    every length's window; `control_verdict` reads it."""
+    length_list = int_list(lengths, "lengths", 2)
+    distance_list = sorted(set(int_list(distances, "distances", 4)))
+    seed_list = int_list(seeds, "seeds", 0)
+    _float_list(str(budget), "budget")
+    if params < 1 or batch_size < 1 or eval_items < 2 or not 0 < control_accuracy <= 1:
+        raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-items >= 2 and "
+                         f"0 < --control-accuracy <= 1; got {params}, {batch_size}, "
+                         f"{eval_items} and {control_accuracy}")
+    if distance_list[0] > min(length_list) // 2:
+        raise ValueError(f"the shortest distance ({distance_list[0]}) is the control's: it must "
+                         f"lie well inside the shortest length ({min(length_list)}), at most "
+                         "half of it")
+    arms = contestants(models)
+    if control not in arms:
+        raise ValueError(f"--control {control!r} is not among the contestants "
+                         f"({', '.join(arms)}): the run needs its positive control")
+    items = train_bytes // 4
+    if items * 4 < max(length_list) + 1:
+        raise ValueError(f"--train-bytes {train_bytes:,} is too few for windows of "
+                         f"{max(length_list):,}")
+    path = Path(csv)
+    settings = _settings(budget=budget, params=params, batch_size=batch_size,
+                         train_bytes=train_bytes, eval_items=eval_items, lr=lr,
+                         distances=distance_list)
+    rows = _done(path, settings)
+    done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
+    bands = distance_bands(distance_list)
+    points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
+    count = sum(p in done for p in points)
+    with torch_threads(threads):
+        plans = {(r.arm, n): r for n in length_list
+                 for r in plan_bench(budget=budget, params=params, length=n,
+                                     batch_size=batch_size, arms=arms)}
+        stream = recall_records(items, distance_list, seed=0)
+        for name, length, seed in points:
+            if (name, length, seed) in done:
+                continue
+            kind, plan = arms[name][0], plans[name, length]
+            far = unreachable(kind, plan.config, distance_list)  # marked before training
+            most = kind.reach(plan.config)[0] if kind.reach else None
+            segment = reading_segment(kind, plan.config, length)
+            model, seconds = train_arm(kind, plan, stream.data, seed=seed, lr=lr,
+                                       device=device, wrap=answers_only)
+            test = recall_records(eval_items, distance_list, seed=10_000 + seed)
+            _, logp = read_left_to_right(model, test.data, segment=segment,
+                                         answers=test.answers)
+            for band in score_reach(logp, test.data[test.answers].long(), test.distance, bands):
+                rows.append({"arm": name, "kind": kind.name, "length": length,
+                             "budget": budget, "seed": seed, "params": plan.params,
+                             "steps": plan.steps, **band, "reach": most,
+                             "reachable": _reachable(band["low"], most, segment, far),
+                             "train_seconds": round(seconds, 2), "settings": settings})
+            write_csv(rows, path)
+            count += 1
+            print(f"bench_recall [{count}/{len(points)}] {name}, length {length}, seed {seed}: "
+                  f"{plan.steps} steps in {seconds:.1f} s", flush=True)
+    rows = _done(path, settings)
+    print("bench_recall:", control_verdict(rows, control, control_accuracy)[1], flush=True)
+    return rows
+
+
+def control_verdict(rows: list[dict], control: str = "shaw",
+                    control_accuracy: float = 0.95) -> tuple[bool, str]:
+    """(passed, what it says): the control arm's accuracy at the shortest distance, at the
+    shortest length, in every seed, against `control_accuracy`. A run whose control fails
+    concludes nothing: a mechanism that scores chance there may be untrained, not unable."""
+    mine = [r for r in rows if r["arm"] == control]
+    if not mine:
+        return False, (f"no positive control: the arm {control!r} did not run, so nothing here "
+                       "says the task was learnable at this budget")
+    length = min(int(r["length"]) for r in mine)
+    low = min(int(r["low"]) for r in mine)
+    got = sorted(float(r["accuracy"]) for r in mine
+                 if int(r["length"]) == length and int(r["low"]) == low
+                 and r["accuracy"] not in (None, ""))
+    if not got:
+        return False, f"no positive control: the arm {control!r} had no case at distance {low}"
+    seeds = ", ".join(f"{a:.3f}" for a in got)
+    if got[0] >= control_accuracy:
+        return True, (f"positive control passed: {control} at length {length} recalls "
+                      f"{low} bytes back with accuracy {seeds} (each seed >= "
+                      f"{control_accuracy:g})")
+    return False, (f"positive control FAILED: {control} at length {length} recalls {low} bytes "
+                   f"back with accuracy {seeds}, below {control_accuracy:g} in a seed; the task "
+                   "was not learned at this budget, so this run concludes nothing about reach")
 
