@@ -176,7 +176,8 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "recall" / "recall.csv"
     tiny = ["bench_recall", "--budget", "1e9", "--params", "20000", "--seeds", "0",
-            "--models", "char,shaw,xl", "--lengths", "16,32", "--distances", "8,16,64",
+            "--models", "char,shaw,xl", "--lengths", "16,32", "--shape-length", "16",
+            "--distances", "8,16,64",
             "--batch-size", "4", "--train-bytes", "8192", "--eval-items", "100",
             "--csv", str(out)]
 
@@ -211,3 +212,26 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
         assert list(csv.DictReader(f)) == rows
     bad = run("--control", "segtree")
     assert bad.returncode == 2 and "--control 'segtree' is not among the contestants" in bad.stderr
+
+
+def test_each_contestant_is_one_model_at_every_length_with_the_steps_its_budget_buys():
+    from minixl.one_bench.bench_all import contestants
+    from minixl.one_bench.recall import plan_lengths
+    from minixl.planner import FLOPS_TOLERANCE, plan_bench
+
+    arms = contestants("char,shaw")
+    plans = plan_lengths(arms, [64, 256], budget=1e11, params=30_000, batch_size=4,
+                         shape_length=64)
+    sized = {r.arm: r for r in plan_bench(budget=1e11, params=30_000, length=64,
+                                          batch_size=4, arms=arms)}
+    for arm in arms:
+        short, long = plans[arm, 64], plans[arm, 256]
+        assert short.config == sized[arm].config and short.steps == sized[arm].steps
+        assert (long.config.d_model, long.config.n_layer) == (short.config.d_model,
+                                                               short.config.n_layer)
+        assert long.config.block_size == 256 and long.length == 256
+        assert abs(long.flops_off) <= FLOPS_TOLERANCE and long.steps < short.steps
+        assert long.train_flops == long.steps * long.flops_per_byte * 4 * 256
+    # Shaw's relative tables do not grow with the window; Chapter 1's position tables do
+    assert plans["shaw", 256].params == plans["shaw", 64].params
+    assert plans["char", 256].params > plans["char", 64].params

@@ -544,6 +544,8 @@ register(Experiment(
      Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
             "(default: every registered kind's arms)"),
      Option("lengths", str, "256,1024,4096", "comma-separated window (or segment) lengths"),
+     Option("shape_length", int, 256, "the length each contestant is sized at: its width "
+            "and depth then stay at every length"),
      Option("distances", str, "16,64,256,1024", "comma-separated distances in bytes, each a "
             "multiple of 4; the shortest is the control's, inside every window"),
      Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),

@@ -20,30 +20,32 @@ names the distances a model cannot reach before it trains. `RecallWindows` is it
 source, the loss on the answers only (as Zoology trains); `answers_only` puts any kind's own
 batch source (windows, or ordered streams with a memory) on the same footing.
 
-`bench_recall` is the task at length: every contestant planned at matched compute
-(`minixl.planner`) at each context length, trained on the stream, read left to right under
-the bench's common protocol and scored by band of distance, each band marked before training
-as in or out of the model's reach. Each run carries its positive control: a dense-attention
-arm at a distance inside every window must reach `control_accuracy`, or the run says that it
-concludes nothing (`control_verdict`, printed at the end of every run).
+`bench_recall` is the task at length: every contestant sized once (`minixl.planner`, at one
+shape length), given the same training FLOPs at each context length, trained on the stream,
+read left to right under the bench's common protocol and scored by band of distance, each
+band marked before training as in or out of the model's reach. Each run carries its positive
+control: a dense-attention arm at a distance inside every window must reach
+`control_accuracy`, or the run says that it concludes nothing (`control_verdict`, printed at
+the end of every run).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import plan_bench
+from ..planner import arm_config, count_arm, matched_steps, plan_bench, sized_config
 from ..reach import ReachRecords, distance_bands, score_reach, unreachable
 from .bench_all import (_done, _float_list, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
 
 __all__ = ["VALUES", "recall_records", "answer_mask", "RecallWindows", "answers_only",
-           "RECALL_COLUMNS", "bench_recall", "control_verdict"]
+           "RECALL_COLUMNS", "plan_lengths", "bench_recall", "control_verdict"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
@@ -141,8 +143,33 @@ RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", 
                   "settings")
 
 
+def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size: int,
+                 shape_length: int) -> dict:
+    """{(arm, length): PlanRow}: each arm sized once by the planner, to `params` at
+    `shape_length`, then kept at that width and depth at every length (what grows with the
+    length, a position table, grows; a memory keeps its ratio to the length), with the steps
+    that `budget` buys at that length."""
+    plans = {}
+    for row in plan_bench(budget=budget, params=params, length=shape_length,
+                          batch_size=batch_size, arms=arms):
+        kind, spec = arms[row.arm]
+        for length in lengths:
+            config = arm_config(kind, spec, length)
+            if hasattr(config, "d_model") and hasattr(config, "n_layer"):
+                config = sized_config(config, row.config.d_model, row.config.n_layer)
+            weights, flops = count_arm(kind, config, row.objective)
+            steps = matched_steps(budget, flops, batch_size=batch_size, length=length)
+            plans[row.arm, length] = replace(
+                row, config=config, length=length, params=weights,
+                params_off=weights / params - 1, flops_per_byte=flops, steps=steps,
+                train_flops=steps * flops * batch_size * length,
+                flops_off=steps * flops * batch_size * length / budget - 1)
+    return plans
+
+
 def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,2",
                  models: str | None = None, lengths: str = "256,1024,4096",
+                 shape_length: int = 256,
                  distances: str = "16,64,256,1024", batch_size: int = 8,
                  train_bytes: int = 1 << 20, eval_items: int = 2000, lr: float = 2e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
@@ -152,17 +179,19 @@ def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,
     and band of distance, written to `csv` as each point is done (a stopped run resumes;
     its settings must match). Every contestant is planned at `params` parameters and
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
-    loss on the answers, and is read on `eval_items` held-out items a seed. The control is
+    loss on the answers, and is read on `eval_items` held-out items a seed. Each contestant
+    is sized once, at `shape_length` (`plan_lengths`): the same model at every length. The control is
     the arm `control` (a dense attention model) at the shortest distance, which lies inside
     every length's window; `control_verdict` reads it."""
     length_list = int_list(lengths, "lengths", 2)
     distance_list = sorted(set(int_list(distances, "distances", 4)))
     seed_list = int_list(seeds, "seeds", 0)
     _float_list(str(budget), "budget")
-    if params < 1 or batch_size < 1 or eval_items < 2 or not 0 < control_accuracy <= 1:
-        raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-items >= 2 and "
-                         f"0 < --control-accuracy <= 1; got {params}, {batch_size}, "
-                         f"{eval_items} and {control_accuracy}")
+    if (params < 1 or batch_size < 1 or eval_items < 2 or shape_length < 2
+            or not 0 < control_accuracy <= 1):
+        raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-items >= 2, "
+                         f"--shape-length >= 2 and 0 < --control-accuracy <= 1; got {params}, "
+                         f"{batch_size}, {eval_items}, {shape_length} and {control_accuracy}")
     if distance_list[0] > min(length_list) // 2:
         raise ValueError(f"the shortest distance ({distance_list[0]}) is the control's: it must "
                          f"lie well inside the shortest length ({min(length_list)}), at most "
@@ -177,7 +206,7 @@ def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,
                          f"{max(length_list):,}")
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
-                         train_bytes=train_bytes, eval_items=eval_items, lr=lr,
+                         shape_length=shape_length, train_bytes=train_bytes, eval_items=eval_items, lr=lr,
                          distances=distance_list)
     rows = _done(path, settings)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
@@ -185,9 +214,8 @@ def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,
     points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
     count = sum(p in done for p in points)
     with torch_threads(threads):
-        plans = {(r.arm, n): r for n in length_list
-                 for r in plan_bench(budget=budget, params=params, length=n,
-                                     batch_size=batch_size, arms=arms)}
+        plans = plan_lengths(arms, length_list, budget=budget, params=params,
+                             batch_size=batch_size, shape_length=shape_length)
         stream = recall_records(items, distance_list, seed=0)
         for name, length, seed in points:
             if (name, length, seed) in done:
