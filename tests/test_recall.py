@@ -214,6 +214,7 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert bad.returncode == 2 and "--control 'segtree' is not among the contestants" in bad.stderr
 
 
+@pytest.mark.slow  # the planner's width search: over 1.5 s
 def test_each_contestant_is_one_model_at_every_length_with_the_steps_its_budget_buys():
     from minixl.one_bench.bench_all import contestants
     from minixl.one_bench.recall import plan_lengths

@@ -538,7 +538,8 @@ register(Experiment(
     "multi-query associative recall in bytes (loss on the answers), accuracy by band of "
     "distance, each band marked in or out of reach before training; a dense-attention "
     "positive control in every run (a stopped run resumes)",
-    (Option("budget", float, 1e12, "training FLOPs of every contestant at every length"),
+    (Option("budget", float, 4e12, "training FLOPs of every contestant at every length (at "
+            "4e12 Shaw's arm, sized at 256, takes 1,792 steps there: enough for its control)"),
      Option("params", int, 100_000, "the parameter count every contestant is sized to"),
      _SEEDS,
      Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "

@@ -167,7 +167,7 @@ def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size:
     return plans
 
 
-def bench_recall(budget: float = 1e12, params: int = 100_000, seeds: str = "0,1,2",
+def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,2",
                  models: str | None = None, lengths: str = "256,1024,4096",
                  shape_length: int = 256,
                  distances: str = "16,64,256,1024", batch_size: int = 8,
