@@ -103,6 +103,9 @@ def test_a_stopped_bench_goes_on_from_the_points_it_wrote(tmp_path):
     _bench(whole, *models)
     stop = """if True:
         import os, signal, sys
+        # Ctrl-C as at a terminal: a test runner started in the background (&, nohup) hands
+        # its children SIGINT ignored, and the interpreter then installs no KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from minixl import data
         calls = [0]
         for cls in (data.RandomWindows, data.OrderedStreams):
