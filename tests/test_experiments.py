@@ -87,7 +87,7 @@ TINY = {
                    ["arm", "kind", "length", "shape", "params", "segment", "fits",
                     "train_peak_mb", "train_ms_per_byte"]),
     "bench_recall": (["--budget", "1e9", "--params", "20000", "--seeds", "0", "--models",
-                      "char,shaw", "--lengths", "16", "--distances", "8,64", "--batch-size",
+                      "char,shaw", "--lengths", "32", "--distances", "8,64", "--batch-size",
                       "4", "--train-bytes", "4096", "--eval-items", "50"],
                      ["arm", "kind", "length", "budget", "seed", "params", "steps", "band",
                       "low", "high", "cases", "accuracy", "bits", "reach", "reachable"]),

@@ -132,33 +132,41 @@ def test_answers_only_passes_a_source_whose_targets_are_not_next_bytes():
     from minixl.data import Batch
     from minixl.one_bench.recall import answers_only
 
-    x = torch.full((2, 8), ASK)
-    direction = torch.tensor([0, 1])  # what XLNet's pretraining streams put in y
+    r = recall_records(100, [8], seed=0)
+    x = r.data[:64].long().view(2, 32)  # rows of the stream, each with answers in it
+    direction = torch.tensor([1, -1])[:, None].expand(2, 32)  # XLNet's pretraining streams
     b = answers_only(lambda step: Batch(x, direction, True))(0)
-    assert b.y is direction
+    assert b.y is direction  # kept whole: its objective reads each row's direction there
+    nxt = r.data[1:65].long().view(2, 32)
+    assert bool((answers_only(lambda step: Batch(x, nxt, True))(0).y == -100).any())
 
 
-def test_the_control_verdict_reads_the_control_arm_at_the_shortest_distance_in_every_seed():
+def test_the_control_verdict_reads_the_control_arm_at_the_shortest_distance_at_each_length():
     from minixl.one_bench.recall import control_verdict
 
-    def rows(accuracies, arm="shaw"):
+    def rows(by_length, arm="shaw"):
         out = []
-        for seed, acc in enumerate(accuracies):
-            for length in (256, 1024):
-                for low, a in ((16, acc), (64, 0.04)):  # far bands never count
+        for length, accuracies in by_length.items():
+            for seed, acc in enumerate(accuracies):
+                for low, a in ((16, acc), (64, 0.04)):  # a far band never counts
                     out.append({"arm": arm, "length": length, "seed": seed, "low": low,
-                                "accuracy": a if length == 256 else 0.0})
+                                "accuracy": a})
         return out
 
-    passed, said = control_verdict(rows([0.97, 0.99, 0.96]))
-    assert passed and said.startswith("positive control passed: shaw at length 256 recalls 16")
-    passed, said = control_verdict(rows([0.97, 0.90, 0.99]))
-    assert not passed and "FAILED" in said and "0.900, 0.970, 0.990" in said
-    assert "concludes nothing" in said
-    passed, said = control_verdict(rows([0.99], arm="char"))
+    passed, said = control_verdict(rows({256: [0.97, 0.99, 0.96], 1024: [1.0, 0.95, 0.99]}))
+    assert passed and said == ("positive control, shaw recalling 16 bytes back, accuracy 0.95 "
+                               "in every seed: length 256: passed (0.960, 0.970, 0.990); "
+                               "length 1024: passed (0.950, 0.990, 1.000)")
+    passed, said = control_verdict(rows({256: [0.97, 0.99, 0.96], 1024: [0.04, 0.03, 0.99]}))
+    assert not passed and "length 256: passed" in said
+    assert ("length 1024: FAILED (0.030, 0.040, 0.990), so the run concludes nothing about "
+            "reach at this length") in said
+    passed, said = control_verdict(rows({256: [0.97, 0.90, 0.99]}))
+    assert not passed and "length 256: FAILED (0.900, 0.970, 0.990)" in said
+    passed, said = control_verdict(rows({256: [0.99]}, arm="char"))
     assert not passed and said.startswith("no positive control: the arm 'shaw' did not run")
-    assert control_verdict(rows([0.99], arm="char"), "char")[0]
-    assert not control_verdict(rows([0.99]), control_accuracy=0.995)[0]
+    assert control_verdict(rows({256: [0.99]}, arm="char"), "char")[0]
+    assert not control_verdict(rows({256: [0.99]}), control_accuracy=0.995)[0]
 
 
 @pytest.mark.slow
@@ -170,16 +178,17 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     import sys
     from pathlib import Path
 
-    from minixl.one_bench.recall import RECALL_COLUMNS
+    from minixl.kinds import KINDS
+    from minixl.one_bench.bench_all import contestants
+    from minixl.one_bench.recall import RECALL_COLUMNS, plan_lengths
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "recall" / "recall.csv"
     tiny = ["bench_recall", "--budget", "1e9", "--params", "20000", "--seeds", "0",
-            "--models", "char,shaw,xl", "--lengths", "16,32", "--shape-length", "16",
-            "--distances", "8,16,64",
-            "--batch-size", "4", "--train-bytes", "8192", "--eval-items", "100",
-            "--csv", str(out)]
+            "--models", "char,shaw,xl", "--lengths", "32,64", "--shape-length", "32",
+            "--distances", "8,16,128", "--batch-size", "4", "--train-bytes", "8192",
+            "--eval-items", "100", "--csv", str(out)]
 
     def run(*extra):
         return subprocess.run([sys.executable, "-m", "minixl.experiments", *tiny, *extra],
@@ -191,27 +200,43 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == RECALL_COLUMNS
     assert [(x["arm"], x["length"]) for x in rows[::3]] == [
-        (a, n) for n in ("16", "32") for a in ("char", "shaw", "xl")]
-    assert [x["band"] for x in rows[:3]] == ["8-15", "16-63", "64"]
-    test = recall_records(100, [8, 16, 64], seed=10_000)
+        (a, n) for n in ("32", "64") for a in ("char", "shaw", "xl")]
+    assert [x["band"] for x in rows[:3]] == ["8-15", "16-127", "128"]
+    test = recall_records(100, [8, 16, 128], seed=10_000)
     for i in range(0, len(rows), 3):  # every answer of the held-out stream, in one band
-        assert sum(int(x["cases"]) for x in rows[i:i + 3]) == len(test.answers)
         assert [int(x["cases"]) for x in rows[i:i + 3]] == [
             int(((test.distance >= lo) & (test.distance <= hi)).sum())
-            for lo, hi in distance_bands([8, 16, 64])]
+            for lo, hi in distance_bands([8, 16, 128])]
+        assert sum(int(x["cases"]) for x in rows[i:i + 3]) == len(test.answers)
+    plans = plan_lengths(contestants("char,shaw,xl"), [32, 64], budget=1e9, params=20000,
+                         batch_size=4, shape_length=32)
+    for x in rows:  # marked from the config, before training: by the kind's reach
+        kind = KINDS[x["kind"]]
+        most = kind.reach(plans[x["arm"], int(x["length"])].config)[0]
+        assert int(x["reach"]) == most and int(x["steps"]) == plans[x["arm"], int(x["length"])].steps
+        if int(x["low"]) > most:
+            assert x["reachable"].startswith(f"a prediction reads at most {most} bytes back"), x
+        else:
+            assert x["reachable"] == "yes" or x["reachable"].startswith("partly"), x
     mark = {(x["arm"], x["length"], x["band"]): x["reachable"] for x in rows}
-    assert mark["char", "16", "64"] == "a prediction reads at most 16 bytes back (a window of 16 bytes)"
-    assert mark["shaw", "32", "16-63"] == "yes" and mark["xl", "16", "64"] == "yes"
+    assert mark["char", "32", "128"] == "a prediction reads at most 32 bytes back (a window of 32 bytes)"
+    assert mark["shaw", "64", "16-127"] == "yes"
     assert r.stdout.count("bench_recall [") == 6
     verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: ")]
-    assert len(verdict) == 1 and "shaw at length 16 recalls 8 bytes back" in verdict[0]
-    assert ("passed" in verdict[0]) != ("FAILED" in verdict[0] and "concludes nothing" in verdict[0])
+    assert len(verdict) == 1 and verdict[0].startswith(
+        "bench_recall: positive control, shaw recalling 8 bytes back, accuracy 0.95 in every "
+        "seed: length 32: ")
+    assert "; length 64: " in verdict[0]
     again = run()  # every point written: nothing trains again, the same rows come back
     assert again.returncode == 0 and "bench_recall [" not in again.stdout
     with open(out, newline="") as f:
         assert list(csv.DictReader(f)) == rows
     bad = run("--control", "segtree")
     assert bad.returncode == 2 and "--control 'segtree' is not among the contestants" in bad.stderr
+    short = run("--lengths", "16,32")
+    assert short.returncode == 2 and "each length must be at least 32 bytes, got 16" in short.stderr
+    other = run("--lr", "1e-3")  # the folder holds a run of other settings: refused, named
+    assert other.returncode == 2 and "delete its folder's recall.csv to start over" in other.stderr
 
 
 @pytest.mark.slow  # the planner's width search: over 1.5 s

@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minixl.experiment
 _SEEDS = Option("seeds", str, "0,1,2", "comma-separated seeds, one run per seed and arm")
 _THREADS = Option("threads", int, 1, "CPU threads (one is steadiest on a shared machine)")
 _CUDA_DEVICE = Option("device", str, "cpu", "cpu, cuda or cuda:N")
+# the benches of every mechanism (bench_all, bench_cost, bench_recall) share these
+_MODELS = Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
+                 "(default: every registered kind's arms)")
+_SHAPE_LENGTH = Option("shape_length", int, 256, "the length each contestant is sized at: its "
+                       "width and depth then stay at every length")
 
 register(Experiment(
     "models", "minixl.bench:models_suite", "book/bench_models.csv",
@@ -491,8 +496,7 @@ register(Experiment(
             "every contestant trains once at each (the reach task at the largest)"),
      Option("params", int, 200_000, "the parameter count every contestant is sized to"),
      _SEEDS,
-     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
-            "(default: every registered kind's arms)"),
+     _MODELS,
      Option("lengths", str, "128,512", "comma-separated window (or segment) lengths"),
      Option("distances", str, "16,64,256,1024,4096", "comma-separated distances of the reach "
             "task (each at least 8)"),
@@ -516,10 +520,8 @@ register(Experiment(
     (Option("params", int, 200_000, "the parameter count every contestant is sized to"),
      Option("lengths", str, "256,1024,4096,16384", "comma-separated window (or segment) "
             "lengths"),
-     Option("shape_length", int, 256, "the length each contestant is sized at: its width "
-            "and depth then stay at every length"),
-     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
-            "(default: every registered kind's arms)"),
+     _SHAPE_LENGTH,
+     _MODELS,
      Option("rounds", int, 2, "interleaved rounds of the times (the fastest is kept, and "
             "the slowest beside it)"),
      Option("gen_bytes", int, 4, "bytes generated one at a time, timed"),
@@ -534,19 +536,17 @@ register(Experiment(
 
 register(Experiment(
     "bench_recall", "minixl.one_bench.recall:bench_recall", "book/bench/recall/recall.csv",
-    "Recall at length: every contestant at matched compute at each context length, trained on "
-    "multi-query associative recall in bytes (loss on the answers), accuracy by band of "
-    "distance, each band marked in or out of reach before training; a dense-attention "
-    "positive control in every run (a stopped run resumes)",
+    "Recall at length: every contestant sized once, the same training FLOPs at each context "
+    "length, trained on multi-query associative recall in bytes (loss on the answers), "
+    "accuracy by band of distance, each band marked in or out of reach before training; a "
+    "dense-attention positive control in every run (a stopped run resumes)",
     (Option("budget", float, 4e12, "training FLOPs of every contestant at every length (at "
             "4e12 Shaw's arm, sized at 256, takes 1,792 steps there: enough for its control)"),
      Option("params", int, 100_000, "the parameter count every contestant is sized to"),
      _SEEDS,
-     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
-            "(default: every registered kind's arms)"),
+     _MODELS,
      Option("lengths", str, "256,1024,4096", "comma-separated window (or segment) lengths"),
-     Option("shape_length", int, 256, "the length each contestant is sized at: its width "
-            "and depth then stay at every length"),
+     _SHAPE_LENGTH,
      Option("distances", str, "16,64,256,1024", "comma-separated distances in bytes, each a "
             "multiple of 4; the shortest is the control's, inside every window"),
      Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),

@@ -123,20 +123,22 @@ def _settings(**values) -> str:
     return json.dumps(values, sort_keys=True)
 
 
-def _done(path: Path, settings: str) -> list[dict]:
-    """The rows a stopped run wrote, refused when they were made with other settings."""
+def _done(path: Path, settings: str, *, writer: str = "bench_all",
+          files: str = "plan.csv, quality.csv and reach.csv") -> list[dict]:
+    """The rows a stopped run wrote, refused when they were made with other settings (the
+    message names the entry that writes the file and the files to delete to start over)."""
     if not path.exists():
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     if rows and "settings" not in rows[0]:
-        raise ValueError(f"{path} is not a file bench_all wrote (no settings column): give "
+        raise ValueError(f"{path} is not a file {writer} wrote (no settings column): give "
                          "another --csv")
     other = {r["settings"] for r in rows} - {settings}
     if other:
         raise ValueError(f"{path} holds a run with other settings ({sorted(other)[0]}), not "
                          f"these ({settings}): give another --csv, or delete its folder's "
-                         "plan.csv, quality.csv and reach.csv to start over")
+                         f"{files} to start over")
     return rows
 
 

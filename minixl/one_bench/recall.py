@@ -31,7 +31,6 @@ the end of every run).
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +38,8 @@ import torch
 
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import arm_config, count_arm, matched_steps, plan_bench, sized_config
+from ..planner import (FLOPS_TOLERANCE, arm_config, count_arm, matched_steps, plan_bench,
+                       sized_config)
 from ..reach import ReachRecords, distance_bands, score_reach, unreachable
 from .bench_all import (_done, _float_list, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
@@ -126,17 +126,20 @@ class RecallWindows:
 
 def answers_only(batches):
     """A batch source like `batches` (step -> Batch), its targets -100 (ignored by the loss)
-    except the byte after each query marker '?': the answer. A source whose targets are not
-    the next bytes (y not of x's shape: XLNet's pretraining streams) is passed through, and
-    an objective that reads no targets (XLNet's permutation objective predicts its own
-    inputs) still trains on every byte."""
+    except the byte after each query marker '?': the answer. A batch whose targets are not
+    the next bytes (XLNet's pretraining streams put each row's direction there) is passed
+    through as it is, and an objective that reads no targets (XLNet's permutation objective
+    predicts its own inputs) still trains on every byte."""
     def source(step: int) -> Batch:
         b = batches(step)
-        if b.y.shape != b.x.shape:
+        if b.y.shape != b.x.shape or not bool((b.y[:, :-1] == b.x[:, 1:]).all()):
             return b
         return b._replace(y=torch.where(b.x == ASK, b.y, torch.full_like(b.y, -100)))
     return source
 
+
+KEY = 2  # letters of a key in the bench's stream: 676 keys, items of 4 bytes
+MIN_LENGTH = 32  # 0.4 % of 32-byte windows of the default stream hold no answer (9 % at 16)
 
 RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "band", "low",
                   "high", "cases", "accuracy", "bits", "reach", "reachable", "train_seconds",
@@ -159,11 +162,15 @@ def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size:
                 config = sized_config(config, row.config.d_model, row.config.n_layer)
             weights, flops = count_arm(kind, config, row.objective)
             steps = matched_steps(budget, flops, batch_size=batch_size, length=length)
+            per_step = flops * batch_size * length
+            why = f"sized at length {shape_length}: {row.why}"
+            if abs(steps * per_step / budget - 1) > FLOPS_TOLERANCE:
+                why += (f"; one step is {per_step:.3g} FLOPs, {per_step / budget:.1%} of the "
+                        "budget: raise --budget")
             plans[row.arm, length] = replace(
                 row, config=config, length=length, params=weights,
                 params_off=weights / params - 1, flops_per_byte=flops, steps=steps,
-                train_flops=steps * flops * batch_size * length,
-                flops_off=steps * flops * batch_size * length / budget - 1)
+                train_flops=steps * per_step, flops_off=steps * per_step / budget - 1, why=why)
     return plans
 
 
@@ -192,6 +199,10 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
         raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-items >= 2, "
                          f"--shape-length >= 2 and 0 < --control-accuracy <= 1; got {params}, "
                          f"{batch_size}, {eval_items}, {shape_length} and {control_accuracy}")
+    if min(length_list) < MIN_LENGTH:
+        raise ValueError(f"each length must be at least {MIN_LENGTH} bytes, got "
+                         f"{min(length_list)}: a shorter window may hold no answer, and a batch "
+                         "without one has no loss")
     if distance_list[0] > min(length_list) // 2:
         raise ValueError(f"the shortest distance ({distance_list[0]}) is the control's: it must "
                          f"lie well inside the shortest length ({min(length_list)}), at most "
@@ -200,15 +211,16 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     if control not in arms:
         raise ValueError(f"--control {control!r} is not among the contestants "
                          f"({', '.join(arms)}): the run needs its positive control")
-    items = train_bytes // 4
-    if items * 4 < max(length_list) + 1:
-        raise ValueError(f"--train-bytes {train_bytes:,} is too few for windows of "
-                         f"{max(length_list):,}")
+    items = train_bytes // (KEY + 2)
+    if train_bytes // batch_size < max(length_list) + 1:
+        raise ValueError(f"--train-bytes {train_bytes:,} is too few: {batch_size} streams of "
+                         f"segments of {max(length_list):,} need at least "
+                         f"{batch_size * (max(length_list) + 1):,}")
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
                          shape_length=shape_length, train_bytes=train_bytes, eval_items=eval_items, lr=lr,
                          distances=distance_list)
-    rows = _done(path, settings)
+    rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
     bands = distance_bands(distance_list)
     points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
@@ -216,7 +228,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     with torch_threads(threads):
         plans = plan_lengths(arms, length_list, budget=budget, params=params,
                              batch_size=batch_size, shape_length=shape_length)
-        stream = recall_records(items, distance_list, seed=0)
+        stream = recall_records(items, distance_list, key=KEY, seed=0)
         for name, length, seed in points:
             if (name, length, seed) in done:
                 continue
@@ -226,7 +238,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
             segment = reading_segment(kind, plan.config, length)
             model, seconds = train_arm(kind, plan, stream.data, seed=seed, lr=lr,
                                        device=device, wrap=answers_only)
-            test = recall_records(eval_items, distance_list, seed=10_000 + seed)
+            test = recall_records(eval_items, distance_list, key=KEY, seed=10_000 + seed)
             _, logp = read_left_to_right(model, test.data, segment=segment,
                                          answers=test.answers)
             for band in score_reach(logp, test.data[test.answers].long(), test.distance, bands):
@@ -239,33 +251,34 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
             count += 1
             print(f"bench_recall [{count}/{len(points)}] {name}, length {length}, seed {seed}: "
                   f"{plan.steps} steps in {seconds:.1f} s", flush=True)
-    rows = _done(path, settings)
+    rows = _done(path, settings, writer="bench_recall", files=path.name)
     print("bench_recall:", control_verdict(rows, control, control_accuracy)[1], flush=True)
     return rows
 
 
 def control_verdict(rows: list[dict], control: str = "shaw",
                     control_accuracy: float = 0.95) -> tuple[bool, str]:
-    """(passed, what it says): the control arm's accuracy at the shortest distance, at the
-    shortest length, in every seed, against `control_accuracy`. A run whose control fails
-    concludes nothing: a mechanism that scores chance there may be untrained, not unable."""
+    """(passed at every length, what it says): the control arm's accuracy at the shortest
+    distance, which lies inside every window, at each length, in every seed, against
+    `control_accuracy`. Where it fails, the run concludes nothing at that length: a
+    mechanism that scores chance there may be untrained, not unable (the same FLOPs buy
+    fewer steps at a longer length)."""
     mine = [r for r in rows if r["arm"] == control]
     if not mine:
         return False, (f"no positive control: the arm {control!r} did not run, so nothing here "
                        "says the task was learnable at this budget")
-    length = min(int(r["length"]) for r in mine)
     low = min(int(r["low"]) for r in mine)
-    got = sorted(float(r["accuracy"]) for r in mine
-                 if int(r["length"]) == length and int(r["low"]) == low
-                 and r["accuracy"] not in (None, ""))
-    if not got:
-        return False, f"no positive control: the arm {control!r} had no case at distance {low}"
-    seeds = ", ".join(f"{a:.3f}" for a in got)
-    if got[0] >= control_accuracy:
-        return True, (f"positive control passed: {control} at length {length} recalls "
-                      f"{low} bytes back with accuracy {seeds} (each seed >= "
-                      f"{control_accuracy:g})")
-    return False, (f"positive control FAILED: {control} at length {length} recalls {low} bytes "
-                   f"back with accuracy {seeds}, below {control_accuracy:g} in a seed; the task "
-                   "was not learned at this budget, so this run concludes nothing about reach")
-
+    said, passed = [], True
+    for length in sorted({int(r["length"]) for r in mine}):
+        got = sorted(float(r["accuracy"]) for r in mine
+                     if int(r["length"]) == length and int(r["low"]) == low
+                     and r["accuracy"] not in (None, ""))
+        if got and got[0] >= control_accuracy:
+            said.append(f"length {length}: passed ({', '.join(f'{a:.3f}' for a in got)})")
+            continue
+        passed = False
+        said.append(f"length {length}: FAILED ("
+                    + (", ".join(f"{a:.3f}" for a in got) if got else "no case")
+                    + "), so the run concludes nothing about reach at this length")
+    return passed, (f"positive control, {control} recalling {low} bytes back, accuracy "
+                    f"{control_accuracy:g} in every seed: " + "; ".join(said))
