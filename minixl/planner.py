@@ -30,7 +30,7 @@ from .kinds import KINDS, kind_of
 from .model_kind import BenchArm, ModelKind
 
 __all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
-           "arm_config", "sized_config", "count_arm", "plan_arm", "plan_bench"]
+           "arm_config", "sized_config", "count_arm", "at_length", "plan_arm", "plan_bench"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
@@ -124,6 +124,18 @@ def sized_config(config, width: int | None, depth: int | None):
     if depth is not None:
         changes["n_layer"] = depth
     return replace(config, **changes)
+
+
+def at_length(kind: ModelKind, arm: BenchArm, row: PlanRow,
+              length: int) -> tuple[object, int, float]:
+    """(config, parameters, training FLOPs per byte) of a planned contestant at another
+    length: the arm's config at `length`, at the width and depth the planner chose for `row`
+    (what grows with the length, a position table, grows; a memory keeps its ratio to it)."""
+    config = arm_config(kind, arm, length)
+    if hasattr(config, "d_model") and hasattr(config, "n_layer"):
+        config = sized_config(config, row.config.d_model, row.config.n_layer)
+    weights, flops = count_arm(kind, config, row.objective)
+    return config, weights, flops
 
 
 def count_arm(kind: ModelKind, config, objective_options: dict) -> tuple[int, float]:

@@ -46,7 +46,7 @@ import torch
 
 from ..device import peak_rss_mb
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import arm_config, count_arm, plan_bench, sized_config
+from ..planner import at_length, plan_bench
 from ..training import ModelWithLoss, TrainConfig, make_optimizer, train_step
 from .bench_all import contestants, read_rows, reading_segment, write_decisions
 
@@ -70,10 +70,7 @@ def _plan(arm: str, length: int, params: int, shape_length: int):
     (row,) = plan_bench(budget=1e12, params=params, length=shape_length, batch_size=1,
                         arms=arms)
     kind, spec = arms[row.arm]
-    config = arm_config(kind, spec, length)
-    if hasattr(config, "d_model") and hasattr(config, "n_layer"):
-        config = sized_config(config, row.config.d_model, row.config.n_layer)
-    weights, _ = count_arm(kind, config, row.objective)
+    config, weights, _ = at_length(kind, spec, row, length)
     return kind, SimpleNamespace(config=config, objective=row.objective, params=weights)
 
 

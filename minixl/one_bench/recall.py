@@ -38,10 +38,9 @@ import torch
 
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import (FLOPS_TOLERANCE, arm_config, count_arm, matched_steps, plan_bench,
-                       sized_config)
+from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench
 from ..reach import ReachRecords, distance_bands, score_reach, unreachable
-from .bench_all import (_done, _float_list, _reachable, _settings, contestants,
+from .bench_all import (_done, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
 
 __all__ = ["VALUES", "recall_records", "answer_mask", "RecallWindows", "answers_only",
@@ -123,7 +122,6 @@ class RecallWindows:
         return Batch(self.data[rows].long(), self.targets[rows + 1], True)
 
 
-
 def answers_only(batches):
     """A batch source like `batches` (step -> Batch), its targets -100 (ignored by the loss)
     except the byte after each query marker '?': the answer. A batch whose targets are not
@@ -157,10 +155,7 @@ def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size:
                           batch_size=batch_size, arms=arms):
         kind, spec = arms[row.arm]
         for length in lengths:
-            config = arm_config(kind, spec, length)
-            if hasattr(config, "d_model") and hasattr(config, "n_layer"):
-                config = sized_config(config, row.config.d_model, row.config.n_layer)
-            weights, flops = count_arm(kind, config, row.objective)
+            config, weights, flops = at_length(kind, spec, row, length)
             steps = matched_steps(budget, flops, batch_size=batch_size, length=length)
             per_step = flops * batch_size * length
             why = f"sized at length {shape_length}: {row.why}"
@@ -187,18 +182,18 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     its settings must match). Every contestant is planned at `params` parameters and
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
     loss on the answers, and is read on `eval_items` held-out items a seed. Each contestant
-    is sized once, at `shape_length` (`plan_lengths`): the same model at every length. The control is
-    the arm `control` (a dense attention model) at the shortest distance, which lies inside
-    every length's window; `control_verdict` reads it."""
+    is sized once, at `shape_length` (`plan_lengths`): the same model at every length. The
+    control is the arm `control` (a dense attention model) at the shortest distance, which
+    lies inside every length's window; `control_verdict` reads it."""
     length_list = int_list(lengths, "lengths", 2)
     distance_list = sorted(set(int_list(distances, "distances", 4)))
     seed_list = int_list(seeds, "seeds", 0)
-    _float_list(str(budget), "budget")
-    if (params < 1 or batch_size < 1 or eval_items < 2 or shape_length < 2
+    if (not budget > 0 or params < 1 or batch_size < 1 or eval_items < 2 or shape_length < 2
             or not 0 < control_accuracy <= 1):
-        raise ValueError(f"need --params >= 1, --batch-size >= 1, --eval-items >= 2, "
-                         f"--shape-length >= 2 and 0 < --control-accuracy <= 1; got {params}, "
-                         f"{batch_size}, {eval_items}, {shape_length} and {control_accuracy}")
+        raise ValueError(f"need --budget > 0, --params >= 1, --batch-size >= 1, --eval-items "
+                         f">= 2, --shape-length >= 2 and 0 < --control-accuracy <= 1; got "
+                         f"{budget}, {params}, {batch_size}, {eval_items}, {shape_length} and "
+                         f"{control_accuracy}")
     if min(length_list) < MIN_LENGTH:
         raise ValueError(f"each length must be at least {MIN_LENGTH} bytes, got "
                          f"{min(length_list)}: a shorter window may hold no answer, and a batch "
@@ -218,8 +213,8 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
                          f"{batch_size * (max(length_list) + 1):,}")
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
-                         shape_length=shape_length, train_bytes=train_bytes, eval_items=eval_items, lr=lr,
-                         distances=distance_list)
+                         shape_length=shape_length, train_bytes=train_bytes,
+                         eval_items=eval_items, lr=lr, distances=distance_list)
     rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
     bands = distance_bands(distance_list)
@@ -251,7 +246,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
             count += 1
             print(f"bench_recall [{count}/{len(points)}] {name}, length {length}, seed {seed}: "
                   f"{plan.steps} steps in {seconds:.1f} s", flush=True)
-    rows = _done(path, settings, writer="bench_recall", files=path.name)
+    rows = _done(path, settings, writer="bench_recall", files=path.name)  # as stored
     print("bench_recall:", control_verdict(rows, control, control_accuracy)[1], flush=True)
     return rows
 
