@@ -1,13 +1,15 @@
 """The multi-query recall task (minixl.one_bench.recall): every query answered by the value
-written with its key exactly d bytes back, a copier scores 1, a uniform guess chance, and the
-bands split the cases as the stream lays them out."""
+written with its key exactly d bytes back, a copier scores 1, a uniform guess chance, the
+bands split the cases as the stream lays them out, and with bands of distance no fixed count
+back answers a band."""
 
 import math
 
 import pytest
 import torch
 
-from minixl.one_bench.recall import ASK, VALUES, WRITE, answer_mask, recall_records
+from minixl.one_bench.recall import (ASK, VALUES, WRITE, answer_mask, band_reach, recall_bands,
+                                     recall_records)
 from minixl.reach import distance_bands, score_reach
 
 DISTANCES = [16, 64, 256, 1024]
@@ -64,6 +66,45 @@ def test_a_copier_scores_one_and_a_uniform_guess_scores_chance_in_every_band():
     assert all(abs(row["accuracy"] - 1 / VALUES) < 0.04 for row in rows)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bands_of_distance_leave_no_fixed_count_back_that_answers_a_band(seed):
+    edges = [16, 64, 256, 1024, 4096]
+    r = recall_records(6000, edges, key=3, seed=seed, edges=True)
+    data, size = r.data.long(), 5
+    bands = recall_bands(edges)
+    assert bands == [(16, 63), (64, 255), (256, 1023), (1024, 4095)]
+    # every answer in exactly one band, a whole number of items back, its key's one write
+    inside = torch.stack([(r.distance >= lo) & (r.distance <= hi) for lo, hi in bands])
+    assert bool((inside.sum(0) == 1).all()) and bool((r.distance % size == 0).all())
+    for pos, d in zip(r.answers.tolist(), r.distance.tolist()):
+        assert data[pos] == data[pos - d] and data[pos - 1] == ASK and data[pos - d - 1] == WRITE
+        assert torch.equal(data[pos - 4:pos - 1], data[pos - d - 4:pos - d - 1])
+    targets = data[r.answers]
+    for row, (lo, hi) in zip(inside, bands):
+        assert int(row.sum()) > 400  # the bands drawn about equally often
+        ds = r.distance[row]
+        assert len(set(ds.tolist())) >= min(9, (hi - lo) // size)  # many distances a band
+        # the best single count back answers a band no better than 1 in 5 (with exact
+        # distances, the same trick answers every query of a band)
+        best = max(float((data[r.answers[row] - k] == targets[row]).float().mean())
+                   for k in range(lo, hi + 1))
+        assert best < 0.2, (lo, best)
+    exact = recall_records(6000, [20, 60, 255], key=3, seed=seed)
+    for d in (20, 60, 255):
+        row = exact.distance == d
+        assert bool((exact.data[exact.answers[row] - d] == exact.data[exact.answers[row]]).all())
+
+
+def test_a_band_is_marked_in_partly_in_or_out_of_reach_from_the_config():
+    why = {256: "a prediction reads at most 128 bytes back (a window of 128 bytes)"}
+    assert band_reach(256, 1023, 128, 32, why) == why[256]
+    assert band_reach(64, 255, 128, 32, {}) == ("partly: the band runs to 255 bytes back, and "
+                                                "a prediction reads at most 128")
+    assert band_reach(16, 63, 128, 32, {}) == "yes"  # 63 <= 128 - 32 + 1
+    assert band_reach(16, 120, 128, 32, {}).startswith("partly: read in segments of 32")
+    assert band_reach(16, 63, None, 32, {}) == "not stated by its kind"
+
+
 def test_the_stream_is_the_seeds_and_bad_settings_are_refused():
     a, b = recall_records(500, [8, 32], seed=4), recall_records(500, [8, 32], seed=4)
     assert torch.equal(a.data, b.data) and torch.equal(a.answers, b.answers)
@@ -74,6 +115,10 @@ def test_the_stream_is_the_seeds_and_bad_settings_are_refused():
         recall_records(100, [3 * 1000], key=1)
     with pytest.raises(ValueError, match="n_items >= 2"):
         recall_records(1, [16])
+    with pytest.raises(ValueError, match="at least two whole numbers of items"):
+        recall_records(100, [16, 64, 68], key=3, edges=True)  # 64-67 holds one: 65
+    with pytest.raises(ValueError, match="at least two positive distances"):
+        recall_records(100, [16], key=3, edges=True)
 
 
 def test_recall_windows_leave_every_target_but_the_answers_to_the_loss_to_ignore():
@@ -148,13 +193,13 @@ def test_the_control_verdict_reads_the_control_arm_at_the_shortest_distance_at_e
         out = []
         for length, accuracies in by_length.items():
             for seed, acc in enumerate(accuracies):
-                for low, a in ((16, acc), (64, 0.04)):  # a far band never counts
+                for low, band, a in ((16, "16-63", acc), (64, "64-255", 0.04)):  # far: never
                     out.append({"arm": arm, "length": length, "seed": seed, "low": low,
-                                "accuracy": a})
+                                "band": band, "accuracy": a})
         return out
 
     passed, said = control_verdict(rows({256: [0.97, 0.99, 0.96], 1024: [1.0, 0.95, 0.99]}))
-    assert passed and said == ("positive control, shaw recalling 16 bytes back, accuracy 0.95 "
+    assert passed and said == ("positive control, shaw recalling 16-63 bytes back, accuracy 0.95 "
                                "in every seed: length 256: passed (0.960, 0.970, 0.990); "
                                "length 1024: passed (0.950, 0.990, 1.000)")
     passed, said = control_verdict(rows({256: [0.97, 0.99, 0.96], 1024: [0.04, 0.03, 0.99]}))
@@ -187,7 +232,7 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     out = tmp_path / "recall" / "recall.csv"
     tiny = ["bench_recall", "--budget", "1e9", "--params", "20000", "--seeds", "0",
             "--models", "char,shaw,xl", "--lengths", "32,64", "--shape-length", "32",
-            "--distances", "8,16,128", "--batch-size", "4", "--train-bytes", "8192",
+            "--distances", "8,16,64,128", "--batch-size", "4", "--train-bytes", "8192",
             "--eval-items", "100", "--csv", str(out)]
 
     def run(*extra):
@@ -201,12 +246,12 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert tuple(rows[0]) == RECALL_COLUMNS
     assert [(x["arm"], x["length"]) for x in rows[::3]] == [
         (a, n) for n in ("32", "64") for a in ("char", "shaw", "xl")]
-    assert [x["band"] for x in rows[:3]] == ["8-15", "16-127", "128"]
-    test = recall_records(100, [8, 16, 128], seed=10_000)
+    assert [x["band"] for x in rows[:3]] == ["8-15", "16-63", "64-127"]
+    test = recall_records(100, [8, 16, 64, 128], key=3, seed=10_000, edges=True)
     for i in range(0, len(rows), 3):  # every answer of the held-out stream, in one band
         assert [int(x["cases"]) for x in rows[i:i + 3]] == [
             int(((test.distance >= lo) & (test.distance <= hi)).sum())
-            for lo, hi in distance_bands([8, 16, 128])]
+            for lo, hi in recall_bands([8, 16, 64, 128])]
         assert sum(int(x["cases"]) for x in rows[i:i + 3]) == len(test.answers)
     plans = plan_lengths(contestants("char,shaw,xl"), [32, 64], budget=1e9, params=20000,
                          batch_size=4, shape_length=32)
@@ -219,12 +264,16 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
         else:
             assert x["reachable"] == "yes" or x["reachable"].startswith("partly"), x
     mark = {(x["arm"], x["length"], x["band"]): x["reachable"] for x in rows}
-    assert mark["char", "32", "128"] == "a prediction reads at most 32 bytes back (a window of 32 bytes)"
-    assert mark["shaw", "64", "16-127"] == "yes"
+    assert mark["char", "32", "64-127"] == ("a prediction reads at most 32 bytes back (a window "
+                                            "of 32 bytes)")
+    assert mark["shaw", "64", "8-15"] == "yes"
+    assert mark["shaw", "64", "16-63"].startswith("partly: read in segments of 16")
+    assert mark["char", "32", "16-63"] == ("partly: the band runs to 63 bytes back, and a "
+                                           "prediction reads at most 32")
     assert r.stdout.count("bench_recall [") == 6
     verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: ")]
     assert len(verdict) == 1 and verdict[0].startswith(
-        "bench_recall: positive control, shaw recalling 8 bytes back, accuracy 0.95 in every "
+        "bench_recall: positive control, shaw recalling 8-15 bytes back, accuracy 0.95 in every "
         "seed: length 32: ")
     assert "; length 64: " in verdict[0]
     again = run()  # every point written: nothing trains again, the same rows come back

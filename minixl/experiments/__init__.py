@@ -541,17 +541,18 @@ register(Experiment(
     "accuracy by band of distance, each band marked in or out of reach before training; a "
     "dense-attention positive control in every run (a stopped run resumes)",
     (Option("budget", float, 4e12, "training FLOPs of every contestant at every length (at "
-            "4e12 Shaw's arm, sized at 256, takes 1,792 steps there: enough for its control)"),
+            "4e12 Shaw's arm, sized at 256, takes 1,792 steps there)"),
      Option("params", int, 100_000, "the parameter count every contestant is sized to"),
      _SEEDS,
      _MODELS,
      Option("lengths", str, "256,1024,4096", "comma-separated window (or segment) lengths"),
      _SHAPE_LENGTH,
-     Option("distances", str, "16,64,256,1024", "comma-separated distances in bytes, each a "
-            "multiple of 4; the shortest is the control's, inside every window"),
+     Option("distances", str, "16,64,256,1024,4096", "comma-separated edges of the bands of "
+            "distance in bytes (each query's distance drawn within a band); the first band is "
+            "the control's, inside every window"),
      Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
      Option("train_bytes", int, 1 << 20, "bytes of the training stream"),
-     Option("eval_items", int, 2000, "held-out items (4 bytes each) per seed"),
+     Option("eval_items", int, 2000, "held-out items (5 bytes each) per seed"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
      Option("control", str, "shaw", "the bench arm of the positive control (dense attention)"),
      Option("control_accuracy", float, 0.95, "the accuracy the control must reach at the "

@@ -13,6 +13,13 @@ after its source; a key is not written again while it may still be asked for, so
 has one answer. Only the answers need reach: the keys and the markers are random or fixed,
 and a model that cannot read d bytes back guesses among 26 values (log2 26 bits).
 
+A distance can be one number of bytes or a band of them. With one distance a band, a model
+can answer the band without reading a key at all: the answer is the byte d back, so counting
+back d bytes (a relative position, Shaw et al.'s or XL's) is enough, and a model that learns
+that trick looks like one that recalls. The bench therefore draws each query's distance from
+a band of whole numbers of items (`edges=True`, the bands `recall_bands`), so that only
+finding the key answers it, as in Zoology, where the queries come in random order.
+
 `recall_records` makes the stream and says where the answers are and how far back each one's
 source is, in the same `ReachRecords` as the reach task of `minixl.reach`, so
 `minixl.reach.score_reach` scores it by band of distance and `minixl.reach.unreachable`
@@ -23,8 +30,9 @@ batch source (windows, or ordered streams with a memory) on the same footing.
 `bench_recall` is the task at length: every contestant sized once (`minixl.planner`, at one
 shape length), given the same training FLOPs at each context length, trained on the stream,
 read left to right under the bench's common protocol and scored by band of distance, each
-band marked before training as in or out of the model's reach. Each run carries its positive
-control: a dense-attention arm at a distance inside every window must reach
+band marked before training as in, partly in or out of the model's reach (`band_reach`).
+Each run carries its positive control: a dense-attention arm, in the nearest band of
+distance, which lies inside every window, must reach
 `control_accuracy`, or the run says that it concludes nothing (`control_verdict`, printed at
 the end of every run).
 """
@@ -39,32 +47,49 @@ import torch
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
 from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench
-from ..reach import ReachRecords, distance_bands, score_reach, unreachable
+from ..reach import ReachRecords, score_reach, unreachable
 from .bench_all import (_done, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
 
-__all__ = ["VALUES", "recall_records", "answer_mask", "RecallWindows", "answers_only",
-           "RECALL_COLUMNS", "plan_lengths", "bench_recall", "control_verdict"]
+__all__ = ["VALUES", "recall_records", "recall_bands", "answer_mask", "RecallWindows",
+           "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall", "band_reach",
+           "control_verdict"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
 
 
-def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0) -> ReachRecords:
+def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
+                   edges: bool = False) -> ReachRecords:
     """A stream of n_items items of key + 2 bytes (data [n_items * (key + 2)] uint8), the
     position of each query's answer byte (`answers` [A], increasing) and how many bytes back
     its source is (`distance` [A]). Each write is asked for once, at a distance drawn from
     `distances` (bytes; each a positive multiple of key + 2); an item no query claims is a
-    write. Seeded by `seed`."""
+    write. Seeded by `seed`.
+
+    edges: `distances` are instead the edges of bands, e_0 < e_1 < ... < e_n (any bytes), and
+    each query's distance is drawn uniformly among the whole numbers of items in one band
+    [e_i, e_i+1 - 1], the band drawn first, uniformly (`recall_bands` names them). With one
+    distance a band, a model can answer the band by counting back a fixed number of bytes,
+    without reading the key; with several, only finding the key answers it."""
     size = key + 2
     distances = sorted({int(d) for d in distances})
     if n_items < 2 or key < 1:
         raise ValueError(f"need n_items >= 2 and key >= 1, got {n_items} and {key}")
-    if not distances or distances[0] < size or any(d % size for d in distances):
+    if edges:
+        choices = [list(range(-(-low // size), (high - 1) // size + 1))
+                   for low, high in zip(distances, distances[1:])]
+        if len(distances) < 2 or distances[0] < 1 or any(len(c) < 2 for c in choices):
+            raise ValueError(f"band edges {distances} must be at least two positive distances, "
+                             f"each band [e_i, e_i+1 - 1] holding at least two whole numbers of "
+                             f"items ({size} bytes each), so that no one count back answers it")
+    elif not distances or distances[0] < size or any(d % size for d in distances):
         raise ValueError(f"each distance must be a positive multiple of the item size, key + 2 "
                          f"= {size} bytes (an answer sits a whole number of items after its "
                          f"source), got {distances}")
-    span = distances[-1] // size  # items a write may wait for its query
+    else:
+        choices = [[d // size] for d in distances]
+    span = max(c[-1] for c in choices)  # items a write may wait for its query
     if 26 ** key < 2 * span + 2:
         raise ValueError(f"keys of {key} letters give {26 ** key} keys, too few for pairs "
                          f"asked for up to {span} items later: use a longer key")
@@ -87,13 +112,23 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0) -> R
                 break
         keys[i] = torch.tensor([(code // 26 ** k) % 26 for k in range(key)])
         values[i] = int(torch.randint(VALUES, (1,), generator=g))
-        d = distances[int(torch.randint(len(distances), (1,), generator=g))] // size
+        band = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        d = band[int(torch.randint(len(band), (1,), generator=g))] if len(band) > 1 else band[0]
         busy[code] = i + span  # not written again before any query of it could come
         if i + d < n_items and i + d not in asks:
             asks[i + d] = i
     data = torch.cat([keys + ord("a"), marker, (values + ord("A"))[:, None]], dim=1)
     return ReachRecords(data.reshape(-1).to(torch.uint8), torch.tensor(answers, dtype=torch.long),
                         torch.tensor(far, dtype=torch.long))
+
+
+def recall_bands(edges) -> list[tuple[int, int]]:
+    """The bands [low, high] of distance that `edges` e_0 < ... < e_n set (with
+    recall_records(..., edges=True)): [e_i, e_i+1 - 1], n of them."""
+    es = sorted({int(e) for e in edges})
+    if len(es) < 2:
+        raise ValueError(f"need at least two band edges, got {es}")
+    return [(low, high - 1) for low, high in zip(es, es[1:])]
 
 
 def answer_mask(records: ReachRecords) -> torch.Tensor:
@@ -136,8 +171,8 @@ def answers_only(batches):
     return source
 
 
-KEY = 2  # letters of a key in the bench's stream: 676 keys, items of 4 bytes
-MIN_LENGTH = 32  # 0.4 % of 32-byte windows of the default stream hold no answer (9 % at 16)
+KEY = 3  # letters of a key in the bench's stream: 17,576 keys, items of 5 bytes
+MIN_LENGTH = 32  # 2.5 % of 32-byte windows of the default stream hold no answer (16 % at 16)
 
 RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "band", "low",
                   "high", "cases", "accuracy", "bits", "reach", "reachable", "train_seconds",
@@ -172,7 +207,7 @@ def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size:
 def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,2",
                  models: str | None = None, lengths: str = "256,1024,4096",
                  shape_length: int = 256,
-                 distances: str = "16,64,256,1024", batch_size: int = 8,
+                 distances: str = "16,64,256,1024,4096", batch_size: int = 8,
                  train_bytes: int = 1 << 20, eval_items: int = 2000, lr: float = 2e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
                  csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
@@ -182,11 +217,12 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     its settings must match). Every contestant is planned at `params` parameters and
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
     loss on the answers, and is read on `eval_items` held-out items a seed. Each contestant
-    is sized once, at `shape_length` (`plan_lengths`): the same model at every length. The
-    control is the arm `control` (a dense attention model) at the shortest distance, which
-    lies inside every length's window; `control_verdict` reads it."""
+    is sized once, at `shape_length` (`plan_lengths`): the same model at every length.
+    `distances` are the edges of the bands of distance (`recall_bands`). The control is the
+    arm `control` (a dense attention model) in the nearest band, which lies inside every
+    length's window; `control_verdict` reads it."""
     length_list = int_list(lengths, "lengths", 2)
-    distance_list = sorted(set(int_list(distances, "distances", 4)))
+    distance_list = sorted(set(int_list(distances, "distances", 1)))
     seed_list = int_list(seeds, "seeds", 0)
     if (not budget > 0 or params < 1 or batch_size < 1 or eval_items < 2 or shape_length < 2
             or not 0 < control_accuracy <= 1):
@@ -198,10 +234,11 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
         raise ValueError(f"each length must be at least {MIN_LENGTH} bytes, got "
                          f"{min(length_list)}: a shorter window may hold no answer, and a batch "
                          "without one has no loss")
-    if distance_list[0] > min(length_list) // 2:
-        raise ValueError(f"the shortest distance ({distance_list[0]}) is the control's: it must "
-                         f"lie well inside the shortest length ({min(length_list)}), at most "
-                         "half of it")
+    if len(distance_list) < 2 or distance_list[1] - 1 > min(length_list) // 2:
+        raise ValueError(f"--distances are band edges, at least two; the first band "
+                         f"({'-'.join(map(str, distance_list[:2]))}) is the control's: it must "
+                         f"lie well inside the shortest length ({min(length_list)}), its far "
+                         "edge at most half of it")
     arms = contestants(models)
     if control not in arms:
         raise ValueError(f"--control {control!r} is not among the contestants "
@@ -214,33 +251,35 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
                          shape_length=shape_length, train_bytes=train_bytes,
-                         eval_items=eval_items, lr=lr, distances=distance_list)
+                         eval_items=eval_items, lr=lr, edges=distance_list)
     rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
-    bands = distance_bands(distance_list)
+    bands = recall_bands(distance_list)
     points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
     count = sum(p in done for p in points)
     with torch_threads(threads):
         plans = plan_lengths(arms, length_list, budget=budget, params=params,
                              batch_size=batch_size, shape_length=shape_length)
-        stream = recall_records(items, distance_list, key=KEY, seed=0)
+        stream = recall_records(items, distance_list, key=KEY, seed=0, edges=True)
         for name, length, seed in points:
             if (name, length, seed) in done:
                 continue
             kind, plan = arms[name][0], plans[name, length]
-            far = unreachable(kind, plan.config, distance_list)  # marked before training
+            far = unreachable(kind, plan.config, [low for low, _ in bands])  # before training
             most = kind.reach(plan.config)[0] if kind.reach else None
             segment = reading_segment(kind, plan.config, length)
             model, seconds = train_arm(kind, plan, stream.data, seed=seed, lr=lr,
                                        device=device, wrap=answers_only)
-            test = recall_records(eval_items, distance_list, key=KEY, seed=10_000 + seed)
+            test = recall_records(eval_items, distance_list, key=KEY, seed=10_000 + seed,
+                                  edges=True)
             _, logp = read_left_to_right(model, test.data, segment=segment,
                                          answers=test.answers)
             for band in score_reach(logp, test.data[test.answers].long(), test.distance, bands):
                 rows.append({"arm": name, "kind": kind.name, "length": length,
                              "budget": budget, "seed": seed, "params": plan.params,
                              "steps": plan.steps, **band, "reach": most,
-                             "reachable": _reachable(band["low"], most, segment, far),
+                             "reachable": band_reach(band["low"], band["high"], most,
+                                                     segment, far),
                              "train_seconds": round(seconds, 2), "settings": settings})
             write_csv(rows, path)
             count += 1
@@ -251,10 +290,24 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     return rows
 
 
+def band_reach(low: int, high: int, most: int | None, segment: int, far: dict) -> str:
+    """How a band [low, high] of distance stands to a model that reads at most `most` bytes
+    back, read in segments of `segment`: why not where even its nearest distance is out of
+    reach (`far`, from `minixl.reach.unreachable`, keyed by `low`), 'partly' where only part
+    of it is (its far end beyond `most`, or, early in a segment, beyond what the segment's
+    first bytes read), else 'yes'."""
+    if most is None or low in far:
+        return _reachable(low, most, segment, far)
+    if high > most:
+        return (f"partly: the band runs to {high:,} bytes back, and a prediction reads at "
+                f"most {most:,}")
+    return _reachable(high, most, segment, far)
+
+
 def control_verdict(rows: list[dict], control: str = "shaw",
                     control_accuracy: float = 0.95) -> tuple[bool, str]:
-    """(passed at every length, what it says): the control arm's accuracy at the shortest
-    distance, which lies inside every window, at each length, in every seed, against
+    """(passed at every length, what it says): the control arm's accuracy in the nearest
+    band of distance, which lies inside every window, at each length, in every seed, against
     `control_accuracy`. Where it fails, the run concludes nothing at that length: a
     mechanism that scores chance there may be untrained, not unable (the same FLOPs buy
     fewer steps at a longer length)."""
@@ -275,5 +328,6 @@ def control_verdict(rows: list[dict], control: str = "shaw",
         said.append(f"length {length}: FAILED ("
                     + (", ".join(f"{a:.3f}" for a in got) if got else "no case")
                     + "), so the run concludes nothing about reach at this length")
-    return passed, (f"positive control, {control} recalling {low} bytes back, accuracy "
+    band = next(r["band"] for r in mine if int(r["low"]) == low)
+    return passed, (f"positive control, {control} recalling {band} bytes back, accuracy "
                     f"{control_accuracy:g} in every seed: " + "; ".join(said))
