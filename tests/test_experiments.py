@@ -87,10 +87,15 @@ TINY = {
                    ["arm", "kind", "length", "shape", "params", "segment", "fits",
                     "train_peak_mb", "train_ms_per_byte"]),
     "bench_recall": (["--budget", "1e9", "--params", "20000", "--seeds", "0", "--models",
-                      "char,shaw", "--lengths", "32", "--distances", "8,64", "--batch-size",
+                      "char,shaw", "--lengths", "32", "--distances", "8,16,64", "--batch-size",
                       "4", "--train-bytes", "4096", "--eval-items", "50"],
                      ["arm", "kind", "length", "budget", "seed", "params", "steps", "band",
                       "low", "high", "cases", "accuracy", "bits", "reach", "reachable"]),
+    "bench_context": (["--budget", "1e9", "--params", "20000", "--seeds", "0", "--models",
+                       "char", "--lengths", "32", "--shape-length", "32", "--contexts", "4,16",
+                       "--block", "4", "--targets", "16", "--batch-size", "4"],
+                      ["arm", "kind", "length", "budget", "seed", "params", "steps", "context",
+                       "low", "high", "bytes", "bpc", "reach", "reachable"]),
 }
 
 

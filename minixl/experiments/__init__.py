@@ -555,8 +555,30 @@ register(Experiment(
      Option("eval_items", int, 2000, "held-out items (5 bytes each) per seed"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
      Option("control", str, "shaw", "the bench arm of the positive control (dense attention)"),
-     Option("control_accuracy", float, 0.95, "the accuracy the control must reach at the "
-            "shortest distance, in every seed"),
+     Option("control_accuracy", float, 0.95, "the accuracy the control must reach in the "
+            "nearest band, in every seed"),
      _CUDA_DEVICE, _THREADS),
     ("arm", "length", "seed", "steps", "band", "cases", "accuracy", "bits", "reachable"),
+    beside=True, measured=("train_seconds",)))
+
+register(Experiment(
+    "bench_context", "minixl.one_bench.context:bench_context", "book/bench/context/context.csv",
+    "Text at length: every contestant sized once, trained at each context length with the same "
+    "FLOPs, held-out bpc of the same bytes read with each context (from a fresh state), each "
+    "context marked in or out of reach; the bits each doubling buys (a stopped run resumes)",
+    (Option("budget", float, 1e12, "training FLOPs of every contestant at every length"),
+     Option("params", int, 200_000, "the parameter count every contestant is sized to"),
+     _SEEDS,
+     _MODELS,
+     Option("lengths", str, "128,512", "comma-separated window (or segment) lengths"),
+     Option("shape_length", int, 128, "the length each contestant is sized at: its width and "
+            "depth then stay at every length"),
+     Option("contexts", str, "8,16,32,64,128,256,512,1024,2048", "comma-separated contexts "
+            "(bytes) each held-out block is read with, from a fresh state"),
+     Option("block", int, 16, "held-out bytes scored after each context"),
+     Option("targets", int, 4096, "held-out bytes scored at each context (the same ones)"),
+     Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
+     Option("lr", float, 2e-3, "peak learning rate, every contestant"),
+     _CUDA_DEVICE, _THREADS),
+    ("arm", "length", "seed", "steps", "context", "bytes", "bpc", "reachable"),
     beside=True, measured=("train_seconds",)))

@@ -1,0 +1,146 @@
+"""Text at length (minixl.one_bench.context): the same held-out bytes scored with each context,
+each block read from a fresh state, the batched reader equal to the common protocol's, the
+gains paired by seed, and the tiny bench through its command line."""
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from minixl.one_bench.bench_all import read_left_to_right
+from minixl.one_bench.context import (CONTEXT_COLUMNS, bits_by_context, context_gains,
+                                      read_blocks)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Counter(nn.Module):
+    """A model whose confidence grows with the bytes it has read, up to a window: it predicts
+    byte + 1 (the stream counts up), with logit `rate * min(seen, window)`, where seen is the
+    context of the predicted byte. Its loss at each context is known in closed form."""
+
+    def __init__(self, rate: float, window: int):
+        super().__init__()
+        self.rate, self.window = rate, window
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def step(self, tokens, state=None):
+        seen = 0 if state is None else state
+        B, T = tokens.shape
+        context = seen + 1 + torch.arange(T)  # bytes read when byte j + 1 is predicted
+        logits = torch.zeros(B, T, 256)
+        strength = self.rate * context.clamp(max=self.window).float()
+        logits.scatter_(2, ((tokens + 1) % 256)[..., None], strength.expand(B, T)[..., None])
+        return logits, seen + T
+
+
+def _nll(rate, window, c):  # nats for a byte predicted from c bytes
+    s = rate * min(c, window)
+    return -(s - math.log(math.exp(s) + 255))
+
+
+@pytest.mark.parametrize("segment,window", [(1, 1000), (3, 20), (16, 12)])
+def test_each_context_scores_the_same_bytes_from_a_fresh_state(segment, window):
+    data = (torch.arange(3000) % 256).to(torch.uint8)
+    model = Counter(0.05, window)
+    contexts, block, targets = [1, 4, 16, 64], 8, 200
+    rows = bits_by_context(model, data, segment=segment, contexts=contexts, block=block,
+                           targets=targets)
+    assert [r["context"] for r in rows] == contexts
+    for r, c in zip(rows, contexts):
+        # bytes c .. c + block - 1 of context: a state carried over from an earlier block, or
+        # a context other than c, gives other numbers
+        want = sum(_nll(0.05, window, c + j) for j in range(block)) / block / math.log(2)
+        assert r["bpc"] == pytest.approx(want, rel=1e-6)
+        assert (r["low"], r["high"], r["bytes"]) == (c, c + block - 1, 200 // 8 * 8)
+    with pytest.raises(ValueError, match="too few"):
+        bits_by_context(model, data[:100], segment=4, contexts=[64], block=8, targets=64)
+    with pytest.raises(ValueError, match="contexts of at least 1 byte"):
+        bits_by_context(model, data, segment=4, contexts=[0, 8], block=8, targets=64)
+
+
+@pytest.mark.parametrize("kind_name", ["char", "shaw", "xl", "xlnet", "segtree"])
+def test_the_batched_reader_is_the_common_protocol_block_by_block(kind_name):
+    from minixl.kinds import KINDS
+    from minixl.one_bench.bench_all import reading_segment
+
+    kind = KINDS[kind_name]
+    config = kind.config(**{kind.length: 32})
+    torch.manual_seed(0)
+    model = kind.build(config)
+    segment = reading_segment(kind, config, 32)
+    chunks = torch.randint(0, 256, (3, 85), dtype=torch.uint8)
+    got = read_blocks(model, chunks, segment=segment, first=77)
+    assert got.shape == (3, 8)
+    for row, nll in zip(chunks, got):
+        _, logp = read_left_to_right(model, row, segment=segment, answers=torch.arange(77, 85))
+        want = -logp.gather(1, row[77:].long()[:, None])[:, 0]
+        assert torch.allclose(nll, want, atol=1e-4), kind_name
+
+
+def test_the_gains_are_paired_differences_of_the_same_model_and_bytes():
+    def row(seed, c, bpc, arm="xl"):
+        return {"arm": arm, "length": 128, "seed": seed, "context": c, "bpc": bpc,
+                "reachable": f"mark {c}"}
+    rows = [row(0, 16, 3.0), row(0, 32, 2.8), row(0, 64, 2.75),
+            row(1, 16, 3.2), row(1, 32, 3.1), row(1, 64, 3.15),
+            row(1, 128, 3.0)]  # read in one seed only: left out
+    gains = context_gains(rows)
+    assert [(g["from"], g["to"]) for g in gains] == [(16, 32), (32, 64)]
+    assert gains[0]["seeds"] == pytest.approx([0.2, 0.1])
+    assert gains[0]["gain"] == pytest.approx(0.15)
+    assert gains[1]["seeds"] == pytest.approx([0.05, -0.05])  # the sign in every seed
+    assert gains[1]["reachable"] == "mark 64"
+
+
+def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path):
+    from minixl.kinds import KINDS
+    from minixl.one_bench.bench_all import contestants
+    from minixl.one_bench.recall import plan_lengths
+
+    out = tmp_path / "context" / "context.csv"
+    tiny = ["bench_context", "--budget", "1e9", "--params", "20000", "--seeds", "0",
+            "--models", "char,xl", "--lengths", "32,64", "--shape-length", "32",
+            "--contexts", "8,32,128", "--block", "8", "--targets", "64", "--batch-size", "4",
+            "--csv", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "minixl.experiments", *tiny, *extra],
+                              capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+    r = run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CONTEXT_COLUMNS
+    assert [(x["arm"], x["length"], x["context"]) for x in rows] == [
+        (a, n, c) for n in ("32", "64") for a in ("char", "xl") for c in ("8", "32", "128")]
+    assert all(int(x["bytes"]) == 64 for x in rows)
+    plans = plan_lengths(contestants("char,xl"), [32, 64], budget=1e9, params=20000,
+                         batch_size=4, shape_length=32)
+    for x in rows:  # marked from the config, before training
+        most = KINDS[x["kind"]].reach(plans[x["arm"], int(x["length"])].config)[0]
+        assert int(x["reach"]) == most
+        if int(x["low"]) > most:
+            assert x["reachable"].startswith(f"a prediction reads at most {most} bytes back")
+    mark = {(x["arm"], x["length"], x["context"]): x["reachable"] for x in rows}
+    assert mark["char", "32", "128"].startswith("a prediction reads at most 32 bytes back")
+    assert mark["xl", "32", "128"] != mark["char", "32", "128"]  # a memory reaches past it
+    gains = [line for line in r.stdout.splitlines() if line.startswith("bench_context: ")]
+    assert len(gains) == 4 * 2 and gains[0].startswith(
+        "bench_context: char, trained at 32, context 8 -> 32: ")
+    again = run()
+    assert again.returncode == 0 and "bench_context [" not in again.stdout
+    with open(out, newline="") as f:
+        assert list(csv.DictReader(f)) == rows
+    other = run("--block", "4")
+    assert other.returncode == 2 and "delete its folder's context.csv" in other.stderr
+    bad = run("--targets", "4")
+    assert bad.returncode == 2 and "--targets at least one block" in bad.stderr
