@@ -107,7 +107,7 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     out = tmp_path / "context" / "context.csv"
     tiny = ["bench_context", "--budget", "1e9", "--params", "20000", "--seeds", "0",
             "--models", "char,xl", "--lengths", "32,64", "--shape-length", "32",
-            "--contexts", "8,32,128", "--block", "8", "--targets", "64", "--batch-size", "4",
+            "--contexts", "8,32,128", "--block", "8", "--targets", "64", "--batch-bytes", "128",
             "--csv", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -123,11 +123,14 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     assert [(x["arm"], x["length"], x["context"]) for x in rows] == [
         (a, n, c) for n in ("32", "64") for a in ("char", "xl") for c in ("8", "32", "128")]
     assert all(int(x["bytes"]) == 64 for x in rows)
-    plans = plan_lengths(contestants("char,xl"), [32, 64], budget=1e9, params=20000,
-                         batch_size=4, shape_length=32)
+    plans = {**plan_lengths(contestants("char,xl"), [32], budget=1e9, params=20000,
+                            batch_size=4, shape_length=32),
+             **plan_lengths(contestants("char,xl"), [64], budget=1e9, params=20000,
+                            batch_size=2, shape_length=32)}  # 128 bytes a step
     for x in rows:  # marked from the config, before training
-        most = KINDS[x["kind"]].reach(plans[x["arm"], int(x["length"])].config)[0]
-        assert int(x["reach"]) == most
+        plan = plans[x["arm"], int(x["length"])]
+        most = KINDS[x["kind"]].reach(plan.config)[0]
+        assert int(x["reach"]) == most and int(x["steps"]) == plan.steps
         if int(x["low"]) > most:
             assert x["reachable"].startswith(f"a prediction reads at most {most} bytes back")
     mark = {(x["arm"], x["length"], x["context"]): x["reachable"] for x in rows}
@@ -144,3 +147,5 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     assert other.returncode == 2 and "delete its folder's context.csv" in other.stderr
     bad = run("--targets", "4")
     assert bad.returncode == 2 and "--targets at least one block" in bad.stderr
+    bad = run("--batch-bytes", "32")
+    assert bad.returncode == 2 and "--batch-bytes at least the longest length (64)" in bad.stderr

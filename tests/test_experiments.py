@@ -93,7 +93,7 @@ TINY = {
                       "low", "high", "cases", "accuracy", "bits", "reach", "reachable"]),
     "bench_context": (["--budget", "1e9", "--params", "20000", "--seeds", "0", "--models",
                        "char", "--lengths", "32", "--shape-length", "32", "--contexts", "4,16",
-                       "--block", "4", "--targets", "16", "--batch-size", "4"],
+                       "--block", "4", "--targets", "16", "--batch-bytes", "128"],
                       ["arm", "kind", "length", "budget", "seed", "params", "steps", "context",
                        "low", "high", "bytes", "bpc", "reach", "reachable"]),
 }

@@ -577,7 +577,8 @@ register(Experiment(
             "(bytes) each held-out block is read with, from a fresh state"),
      Option("block", int, 16, "held-out bytes scored after each context"),
      Option("targets", int, 4096, "held-out bytes scored at each context (the same ones)"),
-     Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
+     Option("batch_bytes", int, 1024, "bytes a step at every length (batch_bytes // length "
+            "windows or streams), every contestant"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
      _CUDA_DEVICE, _THREADS),
     ("arm", "length", "seed", "steps", "context", "bytes", "bpc", "reachable"),

@@ -100,12 +100,14 @@ def read_blocks(model, chunks: torch.Tensor, *, segment: int, first: int) -> tor
 def bench_context(budget: float = 1e12, params: int = 200_000, seeds: str = "0,1,2",
                   models: str | None = None, lengths: str = "128,512", shape_length: int = 128,
                   contexts: str = "8,16,32,64,128,256,512,1024,2048", block: int = 16,
-                  targets: int = 4096, batch_size: int = 8, lr: float = 2e-3,
+                  targets: int = 4096, batch_bytes: int = 1024, lr: float = 2e-3,
                   csv: str = "book/bench/context/context.csv", device: str = "cpu",
                   threads: int = 1) -> list[dict]:
     """Text at length (see the module docstring): every contestant sized once, at
     `shape_length` and `params`, trained at each of `lengths` on the `pydoc` corpus with
-    `budget` training FLOPs, then read on its validation split with each of `contexts`
+    `budget` training FLOPs and `batch_bytes` bytes a step (batch_bytes // length windows or
+    streams: the same bytes a step at every length, so that a longer context costs more
+    FLOPs a byte, not a smaller batch), then read on its validation split with each of `contexts`
     (`bits_by_context`: `targets` bytes in blocks of `block`). One row per contestant,
     length, seed and context, written to `csv` as each point is done (a stopped run resumes;
     its settings must match); what each doubling buys is printed at the end
@@ -113,16 +115,16 @@ def bench_context(budget: float = 1e12, params: int = 200_000, seeds: str = "0,1
     length_list = int_list(lengths, "lengths", 2)
     context_list = sorted(set(int_list(contexts, "contexts", 1)))
     seed_list = int_list(seeds, "seeds", 0)
-    if not budget > 0 or params < 1 or batch_size < 1 or shape_length < 2:
-        raise ValueError(f"need --budget > 0, --params >= 1, --batch-size >= 1 and "
-                         f"--shape-length >= 2; got {budget}, {params}, {batch_size} and "
-                         f"{shape_length}")
+    if not budget > 0 or params < 1 or shape_length < 2 or batch_bytes < max(length_list):
+        raise ValueError(f"need --budget > 0, --params >= 1, --shape-length >= 2 and "
+                         f"--batch-bytes at least the longest length ({max(length_list)}); got "
+                         f"{budget}, {params}, {shape_length} and {batch_bytes}")
     if block < 1 or targets < block:
         raise ValueError(f"need --block >= 1 and --targets at least one block; got --block "
                          f"{block} and --targets {targets}")
     arms = contestants(models)
     path = Path(csv)
-    settings = _settings(budget=budget, params=params, batch_size=batch_size,
+    settings = _settings(budget=budget, params=params, batch_bytes=batch_bytes,
                          shape_length=shape_length, contexts=context_list, block=block,
                          targets=targets, lr=lr)
     rows = _done(path, settings, writer="bench_context", files=path.name)
@@ -135,8 +137,11 @@ def bench_context(budget: float = 1e12, params: int = 200_000, seeds: str = "0,1
         raise ValueError(f"the validation split holds {len(corpus.valid):,} bytes: too few for "
                          f"a context of {context_list[-1]:,} and {targets:,} targets")
     with torch_threads(threads):
-        plans = plan_lengths(arms, length_list, budget=budget, params=params,
-                             batch_size=batch_size, shape_length=shape_length)
+        plans = {}
+        for length in length_list:
+            plans.update(plan_lengths(arms, [length], budget=budget, params=params,
+                                      batch_size=batch_bytes // length,
+                                      shape_length=shape_length))
         try:
             for name, length, seed in points:
                 if (name, length, seed) in done:
