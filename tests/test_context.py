@@ -137,6 +137,7 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     assert mark["char", "32", "128"].startswith("a prediction reads at most 32 bytes back")
     assert mark["xl", "32", "128"] != mark["char", "32", "128"]  # a memory reaches past it
     gains = [line for line in r.stdout.splitlines() if line.startswith("bench_context: ")]
+    assert (out.parent / "context.png").stat().st_size > 1000  # the figure, beside the CSV
     assert len(gains) == 4 * 2 and gains[0].startswith(
         "bench_context: char, trained at 32, context 8 -> 32: ")
     again = run()
@@ -149,3 +150,28 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     assert bad.returncode == 2 and "--targets at least one block" in bad.stderr
     bad = run("--batch-bytes", "32")
     assert bad.returncode == 2 and "--batch-bytes at least the longest length (64)" in bad.stderr
+
+
+def test_the_decision_table_answers_long_context_from_the_context_rows():
+    from minixl.one_bench.bench_all import decisions
+
+    def row(arm, length, seed, c, bpc):
+        return {"arm": arm, "length": length, "seed": seed, "context": c, "bpc": bpc,
+                "budget": 1e12, "reachable": "yes"}
+    context = []
+    for seed, (a, b) in enumerate([(0.0, 0.02), (0.01, 0.0), (0.02, 0.01)]):
+        context += [row("xl", 512, seed, 1024, 2.60 + a), row("xl", 512, seed, 2048, 2.50 + a),
+                    row("shaw", 512, seed, 1024, 2.70 + b), row("shaw", 512, seed, 2048, 2.70 + b),
+                    row("xl", 128, seed, 2048, 2.00)]  # trained shorter: another question
+    quality = [{"arm": "xl", "length": 128, "budget": 1e12, "seed": 0, "common_bpc": 3.0,
+                "own_protocol": "window", "own_bpc": 3.0}]
+    table = {r["need"]: r for r in decisions(quality, [], None, context)}
+    need = table["long context on a small budget"]
+    assert need["choice"] == "xl" and need["runner_up"] == "shaw (2.710)"
+    assert need["setting"] == ("budget 1e+12 FLOPs, trained at 512, read with 2048 bytes of "
+                               "context, 3 seeds")
+    assert need["reason"] == ("held-out 2.510 bpc; context 1024 -> 2048 bytes: +0.100 bpc "
+                              "(seeds +0.100, +0.100, +0.100)")
+    assert need["margin"] == pytest.approx(0.2)
+    without = {r["need"]: r for r in decisions(quality, [], None)}
+    assert without["long context on a small budget"]["choice"] == "not measured"

@@ -543,13 +543,37 @@ def _generation_need(cost: list[dict]) -> dict | None:
     return {"setting": f"after {length} bytes, one byte a call, {rounds} rounds", **picked}
 
 
-def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None
-              ) -> list[dict]:
+def _context_need(context: list[dict]) -> dict:
+    """Long context on a small budget, from bench_context's rows: held-out bpc of the same
+    bytes read with the longest context, by the models trained at the longest length, the
+    best by the mean of its seeds (`_pick`); the reason names what its last doubling of
+    context bought, paired by seed."""
+    from .context import context_gains
+
+    length = max(int(r["length"]) for r in context)
+    longest = max(int(r["context"]) for r in context)
+    rows = [r for r in context if int(r["length"]) == length and int(r["context"]) == longest]
+    picked = _pick(_by_arm(rows, "bpc"), lower=True, what="held-out", unit="bpc")
+    best = picked["choice"] if picked["choice"] in {r["arm"] for r in rows} else None
+    gain = next((g for g in context_gains(context) if g["arm"] == best
+                 and g["length"] == length and g["to"] == longest), None)
+    if gain is not None:
+        picked["reason"] += (f"; context {gain['from']} -> {gain['to']} bytes: "
+                             f"{gain['gain']:+.3f} bpc (seeds "
+                             f"{', '.join(f'{g:+.3f}' for g in gain['seeds'])})")
+    budget = float(rows[0]["budget"])
+    return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
+                       f"bytes of context, {len({r['seed'] for r in rows})} seeds", **picked}
+
+
+def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None,
+              context: list[dict] | None = None) -> list[dict]:
     """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
     the measured reason, the runner-up, the margin and the two's spread (of seeds; of rounds
     for a time, see `_generation_need`); 'no winner at this scale' where the spread covers
     the margin; 'not measured' where this run has nothing to say. The rows of bench_cost
-    (`cost`), when given, answer streaming generation and training memory at 16k."""
+    (`cost`), when given, answer streaming generation and training memory at 16k; those of
+    bench_context (`context`), when given, answer long context on a small budget."""
     table = []
 
     def add(need, setting, picked):
@@ -565,6 +589,9 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
     length = lengths[-1] if lengths else None
     for need, budget in ((NEEDS[0], budgets[-1] if budgets else None),
                          (NEEDS[1], budgets[0] if budgets else None)):
+        if need == NEEDS[1] and context:
+            table.append({"need": need, **_context_need(context)})
+            continue
         rows = [r for r in quality if float(r["budget"]) == budget and int(r["length"]) == length]
         if not rows:
             unmeasured(need, "no quality rows")

@@ -36,7 +36,7 @@ from .bench_all import _done, _settings, contestants, reading_segment, train_arm
 from .recall import band_reach, plan_lengths
 
 __all__ = ["bits_by_context", "read_blocks", "CONTEXT_COLUMNS", "bench_context",
-           "context_gains"]
+           "context_gains", "plot_context"]
 
 CONTEXT_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "context",
                    "low", "high", "bytes", "bpc", "reach", "reachable", "train_seconds",
@@ -169,6 +169,7 @@ def bench_context(budget: float = 1e12, params: int = 200_000, seeds: str = "0,1
                   f"{path}: the same command goes on from there", file=sys.stderr)
             raise SystemExit(130) from None
     rows = _done(path, settings, writer="bench_context", files=path.name)  # as stored
+    plot_context(rows, path.with_suffix(".png"))
     for gain in context_gains(rows):
         print(f"bench_context: {gain['arm']}, trained at {gain['length']}, context "
               f"{gain['from']} -> {gain['to']}: {gain['gain']:+.3f} bpc gained (seeds "
@@ -197,3 +198,46 @@ def context_gains(rows: list[dict]) -> list[dict]:
                         "gain": sum(diffs) / len(diffs), "seeds": diffs,
                         "reachable": first[b]["reachable"]})
     return out
+
+
+def plot_context(rows: list[dict], path) -> Path:
+    """A figure of bench_context's rows at `path`: held-out bpc against the context read
+    (bytes, log scale), a line per contestant (mean of its seeds, bars: half their range), a
+    panel per training length; a filled marker where the context is within the model's reach,
+    a hollow one where it is partly or wholly out of it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({int(r["length"]) for r in rows})
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.6), dpi=72,
+                             sharey=True, squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        for i, arm in enumerate(arms):
+            by: dict[int, list[float]] = {}
+            mark: dict[int, str] = {}
+            for r in rows:
+                if r["arm"] == arm and int(r["length"]) == length:
+                    by.setdefault(int(r["context"]), []).append(float(r["bpc"]))
+                    mark[int(r["context"])] = r["reachable"]
+            xs = sorted(by)
+            means = [sum(by[c]) / len(by[c]) for c in xs]
+            half = [(max(by[c]) - min(by[c])) / 2 for c in xs]
+            colour = f"C{i}"
+            ax.errorbar(xs, means, yerr=half, color=colour, capsize=2, lw=1, label=arm)
+            for c, m in zip(xs, means):
+                inside = mark[c] == "yes"
+                ax.plot([c], [m], "o", ms=4, color=colour,
+                        markerfacecolor=colour if inside else "white")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context read (bytes)")
+        ax.set_title(f"trained at {length} bytes", fontsize=9)
+    axes[0][0].set_ylabel("held-out bpc")
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
