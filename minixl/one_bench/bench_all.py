@@ -548,19 +548,19 @@ def _context_need(context: list[dict]) -> dict:
     bytes read with the longest context, by the models trained at the longest length, the
     best by the mean of its seeds (`_pick`); the reason names what its last doubling of
     context bought, paired by seed."""
-    from .context import context_gains
-
     length = max(int(r["length"]) for r in context)
-    longest = max(int(r["context"]) for r in context)
+    contexts = sorted({int(r["context"]) for r in context})
+    longest = contexts[-1]
     rows = [r for r in context if int(r["length"]) == length and int(r["context"]) == longest]
     picked = _pick(_by_arm(rows, "bpc"), lower=True, what="held-out", unit="bpc")
-    best = picked["choice"] if picked["choice"] in {r["arm"] for r in rows} else None
-    gain = next((g for g in context_gains(context) if g["arm"] == best
-                 and g["length"] == length and g["to"] == longest), None)
-    if gain is not None:
-        picked["reason"] += (f"; context {gain['from']} -> {gain['to']} bytes: "
-                             f"{gain['gain']:+.3f} bpc (seeds "
-                             f"{', '.join(f'{g:+.3f}' for g in gain['seeds'])})")
+    bpc = {(int(r["seed"]), int(r["context"])): float(r["bpc"]) for r in context
+           if r["arm"] == picked["choice"] and int(r["length"]) == length}
+    seeds = sorted(seed for seed, c in bpc if c == longest)
+    if len(contexts) > 1 and seeds and all((seed, contexts[-2]) in bpc for seed in seeds):
+        gains = [bpc[seed, contexts[-2]] - bpc[seed, longest] for seed in seeds]
+        picked["reason"] += (f"; context {contexts[-2]} -> {longest} bytes: "
+                             f"{sum(gains) / len(gains):+.3f} bpc (seeds "
+                             f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])
     return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
                        f"bytes of context, {len({r['seed'] for r in rows})} seeds", **picked}
