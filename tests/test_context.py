@@ -175,3 +175,51 @@ def test_the_decision_table_answers_long_context_from_the_context_rows():
     assert need["margin"] == pytest.approx(0.2)
     without = {r["need"]: r for r in decisions(quality, [], None)}
     assert without["long context on a small budget"]["choice"] == "not measured"
+
+
+def test_a_stopped_context_bench_goes_on_from_the_points_it_wrote(tmp_path):
+    """Ctrl-C in the middle of the second point's training (a real SIGINT, sent by the
+    process to itself at a fixed batch): it says where it stopped and exits 130; the same
+    command then runs only the point not written, and every row equals an unstopped run's."""
+    tiny = ["bench_context", "--budget", "1e9", "--params", "20000", "--seeds", "0",
+            "--models", "char", "--lengths", "32,64", "--shape-length", "32",
+            "--contexts", "8,32", "--block", "8", "--targets", "32", "--batch-bytes", "128"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    stop = """if True:
+        import os, signal, sys
+        # Ctrl-C as at a terminal (a runner started in the background hands SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from minixl import data
+        calls = [0]
+        def call(self, i, real=data.RandomWindows.__call__):
+            calls[0] += 1
+            if calls[0] == int(sys.argv[1]):
+                os.kill(os.getpid(), signal.SIGINT)
+            return real(self, i)
+        data.RandomWindows.__call__ = call
+        from minixl.experiments import main
+        sys.exit(main(sys.argv[2:]))
+    """
+    whole, part = tmp_path / "whole" / "context.csv", tmp_path / "part" / "context.csv"
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=600)
+
+    r = run("-m", "minixl.experiments", *tiny, "--csv", str(whole))
+    assert r.returncode == 0, r.stderr
+    with open(whole, newline="") as f:
+        full = list(csv.DictReader(f))
+    first = int(full[0]["steps"])  # char at 32; the stop falls inside char at 64
+    r = run("-c", stop, str(first + 5), *tiny, "--csv", str(part))
+    assert r.returncode == 130, r.stdout + r.stderr
+    assert f"bench_context: stopped; 1 of 2 points are written in {part}" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run("-m", "minixl.experiments", *tiny, "--csv", str(part))
+    assert r.returncode == 0 and "bench_context [2/2] char, length 64" in r.stdout
+    assert "bench_context [1/2]" not in r.stdout
+    with open(part, newline="") as f:
+        resumed = list(csv.DictReader(f))
+    drop = {"train_seconds"}  # the only column that is not a function of the settings
+    assert ([{k: v for k, v in x.items() if k not in drop} for x in full]
+            == [{k: v for k, v in x.items() if k not in drop} for x in resumed])

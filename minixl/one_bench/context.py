@@ -97,10 +97,10 @@ def read_blocks(model, chunks: torch.Tensor, *, segment: int, first: int) -> tor
     return torch.cat(out, 1)
 
 
-def bench_context(budget: float = 1e12, params: int = 200_000, seeds: str = "0,1,2",
+def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1,2",
                   models: str | None = None, lengths: str = "128,512", shape_length: int = 128,
-                  contexts: str = "8,16,32,64,128,256,512,1024,2048", block: int = 16,
-                  targets: int = 4096, batch_bytes: int = 1024, lr: float = 2e-3,
+                  contexts: str = "32,64,128,256,512,1024", block: int = 32,
+                  targets: int = 2048, batch_bytes: int = 1024, lr: float = 2e-3,
                   csv: str = "book/bench/context/context.csv", device: str = "cpu",
                   threads: int = 1) -> list[dict]:
     """Text at length (see the module docstring): every contestant sized once, at
