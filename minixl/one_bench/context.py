@@ -33,7 +33,7 @@ from ..data import load_corpus
 from ..experiments import int_list, torch_threads, write_csv
 from ..reach import unreachable
 from .bench_all import _done, _settings, contestants, reading_segment, train_arm
-from .recall import band_reach, plan_lengths
+from .recall import plan_lengths, point_row
 
 __all__ = ["bits_by_context", "read_blocks", "CONTEXT_COLUMNS", "bench_context",
            "context_gains", "plot_context"]
@@ -154,12 +154,9 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
                                            device=device)
                 for at in bits_by_context(model, held, segment=segment, contexts=context_list,
                                           block=block, targets=targets):
-                    rows.append({"arm": name, "kind": kind.name, "length": length,
-                                 "budget": budget, "seed": seed, "params": plan.params,
-                                 "steps": plan.steps, **at, "reach": most,
-                                 "reachable": band_reach(at["low"], at["high"], most,
-                                                         segment, far),
-                                 "train_seconds": round(seconds, 2), "settings": settings})
+                    rows.append(point_row(name, kind, plan, at, budget=budget, seed=seed,
+                                          most=most, segment=segment, far=far,
+                                          seconds=seconds, settings=settings))
                 write_csv(rows, path)
                 count += 1
                 print(f"bench_context [{count}/{len(points)}] {name}, length {length}, seed "

@@ -52,8 +52,8 @@ from .bench_all import (_done, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
 
 __all__ = ["VALUES", "recall_records", "recall_bands", "answer_mask", "RecallWindows",
-           "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall", "band_reach",
-           "control_verdict"]
+           "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall", "point_row",
+           "band_reach", "control_verdict"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
@@ -275,12 +275,9 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
             _, logp = read_left_to_right(model, test.data, segment=segment,
                                          answers=test.answers)
             for band in score_reach(logp, test.data[test.answers].long(), test.distance, bands):
-                rows.append({"arm": name, "kind": kind.name, "length": length,
-                             "budget": budget, "seed": seed, "params": plan.params,
-                             "steps": plan.steps, **band, "reach": most,
-                             "reachable": band_reach(band["low"], band["high"], most,
-                                                     segment, far),
-                             "train_seconds": round(seconds, 2), "settings": settings})
+                rows.append(point_row(name, kind, plan, band, budget=budget, seed=seed,
+                                      most=most, segment=segment, far=far, seconds=seconds,
+                                      settings=settings))
             write_csv(rows, path)
             count += 1
             print(f"bench_recall [{count}/{len(points)}] {name}, length {length}, seed {seed}: "
@@ -288,6 +285,17 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     rows = _done(path, settings, writer="bench_recall", files=path.name)  # as stored
     print("bench_recall:", control_verdict(rows, control, control_accuracy)[1], flush=True)
     return rows
+
+
+def point_row(name: str, kind, plan, part: dict, *, budget: float, seed: int,
+              most: int | None, segment: int, far: dict, seconds: float, settings: str) -> dict:
+    """One row of a bench at length (recall's bands, context's contexts): the arm, its plan
+    at this length, the scores of `part` (with its low and high: a band of distance or of
+    context), and how that band stands to the model's reach (`band_reach`)."""
+    return {"arm": name, "kind": kind.name, "length": plan.length, "budget": budget,
+            "seed": seed, "params": plan.params, "steps": plan.steps, **part, "reach": most,
+            "reachable": band_reach(part["low"], part["high"], most, segment, far),
+            "train_seconds": round(seconds, 2), "settings": settings}
 
 
 def band_reach(low: int, high: int, most: int | None, segment: int, far: dict) -> str:
