@@ -71,8 +71,8 @@ def test_bands_of_distance_leave_no_fixed_count_back_that_answers_a_band(seed):
     edges = [16, 64, 256, 1024, 4096]
     r = recall_records(6000, edges, key=3, seed=seed, edges=True)
     data, size = r.data.long(), 5
-    bands = recall_bands(edges)
-    assert bands == [(16, 63), (64, 255), (256, 1023), (1024, 4095)]
+    bands = recall_bands(edges, size)
+    assert bands == [(20, 60), (65, 255), (260, 1020), (1025, 4095)]  # the distances drawn
     # every answer in exactly one band, a whole number of items back, its key's one write
     inside = torch.stack([(r.distance >= lo) & (r.distance <= hi) for lo, hi in bands])
     assert bool((inside.sum(0) == 1).all()) and bool((r.distance % size == 0).all())
@@ -96,6 +96,17 @@ def test_bands_of_distance_leave_no_fixed_count_back_that_answers_a_band(seed):
 
 
 def test_a_band_is_marked_in_partly_in_or_out_of_reach_from_the_config():
+    from minixl.kinds import KINDS
+    from minixl.reach import unreachable
+
+    # edges 256 and 1024 with items of 5 bytes: every query 260 to 1020 bytes back, so a
+    # window of 256 reaches none of them (on the edges, it would look partly in reach)
+    kind = KINDS["char"]
+    config = kind.config(**{kind.length: 256})
+    (low, high), = recall_bands([256, 1024], 5)
+    far = unreachable(kind, config, [low])
+    assert band_reach(low, high, 256, 64, far) == far[260] == (
+        "a prediction reads at most 256 bytes back (a window of 256 bytes)")
     why = {256: "a prediction reads at most 128 bytes back (a window of 128 bytes)"}
     assert band_reach(256, 1023, 128, 32, why) == why[256]
     assert band_reach(64, 255, 128, 32, {}) == ("partly: the band runs to 255 bytes back, and "
@@ -246,12 +257,12 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert tuple(rows[0]) == RECALL_COLUMNS
     assert [(x["arm"], x["length"]) for x in rows[::3]] == [
         (a, n) for n in ("32", "64") for a in ("char", "shaw", "xl")]
-    assert [x["band"] for x in rows[:3]] == ["8-15", "16-63", "64-127"]
+    assert [x["band"] for x in rows[:3]] == ["10-15", "20-60", "65-125"]  # items of 5 bytes
     test = recall_records(100, [8, 16, 64, 128], key=3, seed=10_000, edges=True)
     for i in range(0, len(rows), 3):  # every answer of the held-out stream, in one band
         assert [int(x["cases"]) for x in rows[i:i + 3]] == [
             int(((test.distance >= lo) & (test.distance <= hi)).sum())
-            for lo, hi in recall_bands([8, 16, 64, 128])]
+            for lo, hi in recall_bands([8, 16, 64, 128], 5)]
         assert sum(int(x["cases"]) for x in rows[i:i + 3]) == len(test.answers)
     plans = plan_lengths(contestants("char,shaw,xl"), [32, 64], budget=1e9, params=20000,
                          batch_size=4, shape_length=32)
@@ -264,16 +275,16 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
         else:
             assert x["reachable"] == "yes" or x["reachable"].startswith("partly"), x
     mark = {(x["arm"], x["length"], x["band"]): x["reachable"] for x in rows}
-    assert mark["char", "32", "64-127"] == ("a prediction reads at most 32 bytes back (a window "
+    assert mark["char", "32", "65-125"] == ("a prediction reads at most 32 bytes back (a window "
                                             "of 32 bytes)")
-    assert mark["shaw", "64", "8-15"] == "yes"
-    assert mark["shaw", "64", "16-63"].startswith("partly: read in segments of 16")
-    assert mark["char", "32", "16-63"] == ("partly: the band runs to 63 bytes back, and a "
+    assert mark["shaw", "64", "10-15"] == "yes"
+    assert mark["shaw", "64", "20-60"].startswith("partly: read in segments of 16")
+    assert mark["char", "32", "20-60"] == ("partly: the band runs to 60 bytes back, and a "
                                            "prediction reads at most 32")
     assert r.stdout.count("bench_recall [") == 6
     verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: ")]
     assert len(verdict) == 1 and verdict[0].startswith(
-        "bench_recall: positive control, shaw recalling 8-15 bytes back, accuracy 0.95 in every "
+        "bench_recall: positive control, shaw recalling 10-15 bytes back, accuracy 0.95 in every "
         "seed: length 32: ")
     assert "; length 64: " in verdict[0]
     again = run()  # every point written: nothing trains again, the same rows come back

@@ -577,7 +577,8 @@ register(Experiment(
      Option("contexts", str, "32,64,128,256,512,1024", "comma-separated contexts "
             "(bytes) each held-out block is read with, from a fresh state"),
      Option("block", int, 32, "held-out bytes scored after each context"),
-     Option("targets", int, 2048, "held-out bytes scored at each context (the same ones)"),
+     Option("targets", int, 2048, "held-out bytes scored at each context (the same ones; "
+            "whole blocks of them)"),
      Option("batch_bytes", int, 1024, "bytes a step at every length (batch_bytes // length "
             "windows or streams), every contestant"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),

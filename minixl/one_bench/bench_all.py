@@ -546,19 +546,22 @@ def _generation_need(cost: list[dict]) -> dict | None:
 def _context_need(context: list[dict]) -> dict:
     """Long context on a small budget, from bench_context's rows: held-out bpc of the same
     bytes read with the longest context, by the models trained at the longest length, the
-    best by the mean of its seeds (`_pick`); the reason names what its last doubling of
-    context bought, paired by seed."""
+    best by the mean of its seeds (`_pick`); the reason names what the best arm (by its
+    mean, winner or not) gained from the context before the longest to the longest, paired
+    by seed."""
     length = max(int(r["length"]) for r in context)
-    contexts = sorted({int(r["context"]) for r in context})
+    contexts = sorted({int(r["context"]) for r in context if int(r["length"]) == length})
     longest = contexts[-1]
     rows = [r for r in context if int(r["length"]) == length and int(r["context"]) == longest]
-    picked = _pick(_by_arm(rows, "bpc"), lower=True, what="held-out", unit="bpc")
+    values = _by_arm(rows, "bpc")
+    picked = _pick(values, lower=True, what="held-out", unit="bpc")
+    best = min(values, key=lambda a: sum(values[a]) / len(values[a]))
     bpc = {(int(r["seed"]), int(r["context"])): float(r["bpc"]) for r in context
-           if r["arm"] == picked["choice"] and int(r["length"]) == length}
+           if r["arm"] == best and int(r["length"]) == length}
     seeds = sorted(seed for seed, c in bpc if c == longest)
-    if len(contexts) > 1 and seeds and all((seed, contexts[-2]) in bpc for seed in seeds):
+    if len(contexts) > 1 and all((seed, contexts[-2]) in bpc for seed in seeds):
         gains = [bpc[seed, contexts[-2]] - bpc[seed, longest] for seed in seeds]
-        picked["reason"] += (f"; context {contexts[-2]} -> {longest} bytes: "
+        picked["reason"] += (f"; {best}, context {contexts[-2]} -> {longest} bytes: "
                              f"{sum(gains) / len(gains):+.3f} bpc (seeds "
                              f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])

@@ -4,15 +4,18 @@ Hand-written (not generated). Dai et al. ("Transformer-XL: Attentive Language Mo
 Fixed-Length Context", 2019, section 4.2) ask how much context a model actually uses by
 growing the context it is given at evaluation and reading what each increase buys on the
 same bytes (their relative effective context length). Here the same reading serves every
-kind alike: the held-out text gives `targets` bytes to predict, in blocks of `block` bytes,
+kind alike: the held-out text gives targets // block blocks of `block` bytes to predict,
 and for each context c of `contexts` every block is read from a fresh state (no window or
 memory of what came before) starting c bytes before it, under the bench's common protocol
-(`read_left_to_right`, all blocks as one batch: `read_blocks`); the block's bytes are then predicted from c to c + block - 1 bytes
-of context (`bits_by_context`). The same bytes are scored at every c, so the difference
-between two contexts is a paired one: what a doubling of context buys (`context_gains`,
-paired by seed too). A window model cannot gain past its window, by construction (each
-context is marked from the model's config before training, as the recall task marks its
-bands); Transformer-XL can through its memory, the tree through its span.
+(`read_left_to_right`; all blocks as one batch: `read_blocks`); byte k of a block is then
+predicted from c + k bytes of context, or from as many as the model keeps (`bits_by_context`).
+The same bytes are scored at every c, so the difference between two contexts is a paired
+one: what a doubling of context buys (`context_gains`, paired by seed too). A window model
+cannot gain past its window, by construction (each context is marked from the model's
+config before training, as the recall task marks its bands); Transformer-XL can through its
+memory, the tree through its span. Past a window, what a window model keeps depends on
+where the block falls in the segments the protocol reads (between the window less a segment
+and the window): such a context is marked 'partly' or out of reach, never 'yes'.
 
 Unlike Dai et al., the context here stops where the model's training config puts it (a
 window's length, XL's memory as trained): each contestant is trained at two lengths
@@ -46,7 +49,8 @@ CONTEXT_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps",
 def bits_by_context(model, data: torch.Tensor, *, segment: int, contexts, block: int,
                     targets: int) -> list[dict]:
     """Held-out bits per byte against the context given (see the module docstring): the
-    `targets` bytes after the first max(contexts) of data [N], in blocks of `block`, each
+    targets // block * block bytes after the first max(contexts) of data [N], in blocks of
+    `block`, each
     block read from a fresh state from c bytes before it, `segment` bytes a call, for each
     c of `contexts` (each at least 1). One row per c: context (c), low and high (the context
     of the block's first and last byte: c and c + block - 1), bytes (scored) and bpc."""
@@ -179,8 +183,9 @@ def context_gains(rows: list[dict]) -> list[dict]:
     """What each doubling of context buys, from bench_context's rows: for each arm, training
     length and pair of neighbouring contexts, the bits per byte the longer context saves on
     the same bytes, in each seed (a paired difference: the same model, the same bytes) and
-    their mean. `from` and `to` name the two contexts; `reachable` is the longer one's mark.
-    Only contexts read in every seed count."""
+    their mean. `from` and `to` name the two contexts; `reachable` is the shorter one's mark
+    where it is already out of reach (the gain is then nothing by construction), else the
+    longer one's. Only contexts read in every seed count."""
     by: dict[tuple, dict[int, dict[int, dict]]] = {}
     for r in rows:
         key = (r["arm"], int(r["length"]))
@@ -191,10 +196,16 @@ def context_gains(rows: list[dict]) -> list[dict]:
         for a, b in zip(cs, cs[1:]):
             diffs = [float(s[a]["bpc"]) - float(s[b]["bpc"]) for _, s in sorted(seeds.items())]
             first = next(iter(seeds.values()))
+            shorter, longer = first[a]["reachable"], first[b]["reachable"]
             out.append({"arm": arm, "length": length, "from": a, "to": b,
                         "gain": sum(diffs) / len(diffs), "seeds": diffs,
-                        "reachable": first[b]["reachable"]})
+                        "reachable": longer if _within(shorter) else shorter})
     return out
+
+
+def _within(mark: str) -> bool:
+    """Whether a context's mark says the model reads it, wholly or in part."""
+    return mark == "yes" or mark.startswith("partly")
 
 
 def plot_context(rows: list[dict], path) -> Path:

@@ -69,7 +69,7 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
 
     edges: `distances` are instead the edges of bands, e_0 < e_1 < ... < e_n (any bytes), and
     each query's distance is drawn uniformly among the whole numbers of items in one band
-    [e_i, e_i+1 - 1], the band drawn first, uniformly (`recall_bands` names them). With one
+    [e_i, e_{i+1} - 1], the band drawn first, uniformly (`recall_bands` names them). With one
     distance a band, a model can answer the band by counting back a fixed number of bytes,
     without reading the key; with several, only finding the key answers it."""
     size = key + 2
@@ -81,7 +81,7 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
                    for low, high in zip(distances, distances[1:])]
         if len(distances) < 2 or distances[0] < 1 or any(len(c) < 2 for c in choices):
             raise ValueError(f"band edges {distances} must be at least two positive distances, "
-                             f"each band [e_i, e_i+1 - 1] holding at least two whole numbers of "
+                             f"each band [e_i, e_(i+1) - 1] holding at least two whole numbers of "
                              f"items ({size} bytes each), so that no one count back answers it")
     elif not distances or distances[0] < size or any(d % size for d in distances):
         raise ValueError(f"each distance must be a positive multiple of the item size, key + 2 "
@@ -122,13 +122,15 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
                         torch.tensor(far, dtype=torch.long))
 
 
-def recall_bands(edges) -> list[tuple[int, int]]:
+def recall_bands(edges, size: int = 1) -> list[tuple[int, int]]:
     """The bands [low, high] of distance that `edges` e_0 < ... < e_n set (with
-    recall_records(..., edges=True)): [e_i, e_i+1 - 1], n of them."""
+    recall_records(..., edges=True)), n of them: the nearest and farthest distance a query
+    of band i can have, the whole numbers of items of `size` bytes in [e_i, e_{i+1} - 1] (so
+    that a band marked in or out of reach is marked on the distances really drawn)."""
     es = sorted({int(e) for e in edges})
-    if len(es) < 2:
-        raise ValueError(f"need at least two band edges, got {es}")
-    return [(low, high - 1) for low, high in zip(es, es[1:])]
+    if len(es) < 2 or size < 1:
+        raise ValueError(f"need at least two band edges and size >= 1, got {es} and {size}")
+    return [(-(-low // size) * size, (high - 1) // size * size) for low, high in zip(es, es[1:])]
 
 
 def answer_mask(records: ReachRecords) -> torch.Tensor:
@@ -218,7 +220,8 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
     loss on the answers, and is read on `eval_items` held-out items a seed. Each contestant
     is sized once, at `shape_length` (`plan_lengths`): the same model at every length.
-    `distances` are the edges of the bands of distance (`recall_bands`). The control is the
+    `distances` are the edges of the bands of distance (`recall_bands`: each band is named by
+    the nearest and farthest distance its queries can have). The control is the
     arm `control` (a dense attention model) in the nearest band, which lies inside every
     length's window; `control_verdict` reads it."""
     length_list = int_list(lengths, "lengths", 2)
@@ -254,7 +257,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
                          eval_items=eval_items, lr=lr, edges=distance_list)
     rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
-    bands = recall_bands(distance_list)
+    bands = recall_bands(distance_list, KEY + 2)
     points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
     count = sum(p in done for p in points)
     with torch_threads(threads):
