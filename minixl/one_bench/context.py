@@ -51,8 +51,9 @@ def bits_by_context(model, data: torch.Tensor, *, segment: int, contexts, block:
     """Held-out bits per byte against the context given (see the module docstring): the
     targets // block * block bytes after the first max(contexts) of data [N], in blocks of
     `block`, each block read from a fresh state from c bytes before it, `segment` bytes a
-    call, for each c of `contexts` (each at least 1). One row per c: context (c), low and high (the context
-    of the block's first and last byte: c and c + block - 1), bytes (scored) and bpc."""
+    call, for each c of `contexts` (each at least 1). One row per c: context (c), low and
+    high (the context of the block's first and last byte: c and c + block - 1), bytes
+    (scored) and bpc."""
     cs = sorted({int(c) for c in contexts})
     if not cs or cs[0] < 1 or block < 1 or targets < block or segment < 1:
         raise ValueError(f"need contexts of at least 1 byte, block >= 1, targets >= block and "
