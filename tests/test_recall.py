@@ -97,6 +97,29 @@ def test_bands_of_distance_leave_no_fixed_count_back_that_answers_a_band(key, se
         assert bool((exact.data[exact.answers[row] - d] == exact.data[exact.answers[row]]).all())
 
 
+@pytest.mark.parametrize("near", [0.5, 0.8])
+def test_near_sets_the_nearest_bands_share_and_leaves_the_others_equal(near):
+    edges = [16, 64, 256, 1024]
+    r = recall_records(20_000, edges, key=1, seed=7, edges=True, near=near)
+    bands = recall_bands(edges, 3)
+    counts = [int(((r.distance >= lo) & (r.distance <= hi)).sum()) for lo, hi in bands]
+    total = sum(counts)
+    assert total == len(r.answers) > 5000
+    # near is the share of the draws: a query whose slot is taken is dropped, and near slots
+    # are taken more often, so the share asked is a little lower; not 1/3, as uniform gives
+    assert near - 0.1 < counts[0] / total <= near, counts
+    assert abs(counts[1] - counts[2]) / total < 0.05, counts  # the others share the rest
+    for pos, d in zip(r.answers.tolist()[:2000], r.distance.tolist()[:2000]):  # still recall
+        assert r.data[pos - 1] == ASK and r.data[pos - d - 1] == WRITE
+        assert r.data[pos] == r.data[pos - d] and r.data[pos - 2] == r.data[pos - d - 2]
+    uniform = recall_records(20_000, edges, key=1, seed=7, edges=True)
+    share = float(((uniform.distance <= bands[0][1]).float().mean()))
+    assert share < counts[0] / total - 0.1  # near raised the nearest band's share
+    for bad in ({"near": 0.5}, {"near": 1.0, "edges": True}, {"near": 0.0, "edges": True}):
+        with pytest.raises(ValueError, match="needs band edges, at least two bands and 0 < near"):
+            recall_records(100, [18, 66], key=1, **bad)
+
+
 def test_a_band_is_marked_in_partly_in_or_out_of_reach_from_the_config():
     from minixl.kinds import KINDS
     from minixl.reach import unreachable

@@ -64,7 +64,7 @@ KEY_BYTES = torch.tensor([b for b in range(256) if not (ord("A") <= b < ord("A")
 
 
 def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
-                   edges: bool = False) -> ReachRecords:
+                   edges: bool = False, near: float | None = None) -> ReachRecords:
     """A stream of n_items items of key + 2 bytes (data [n_items * (key + 2)] uint8), the
     position of each query's answer byte (`answers` [A], increasing) and how many bytes back
     its source is (`distance` [A]). Each write is asked for once, at a distance drawn from
@@ -76,7 +76,13 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
     each query's distance is drawn uniformly among the whole numbers of items in one band
     [e_i, e_{i+1} - 1], the band drawn first, uniformly (`recall_bands` names them). With one
     distance a band, a model can answer the band by counting back a fixed number of bytes,
-    without reading the key; with several, only finding the key answers it."""
+    without reading the key; with several, only finding the key answers it.
+
+    near: with edges, the share of draws in the nearest band (the others share the rest
+    equally) instead of 1 / n: a training stream rich in queries that every window can
+    answer, so that the lookup can be learned at all. A draw whose slot is already asked
+    for is dropped, more often near, so the share asked is a little lower (0.43 for 0.5 at
+    the bench's bands)."""
     size = key + 2
     distances = sorted({int(d) for d in distances})
     if n_items < 2 or key < 1:
@@ -94,6 +100,9 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
                          f"source), got {distances}")
     else:
         choices = [[d // size] for d in distances]
+    if near is not None and not (edges and len(choices) > 1 and 0 < near < 1):
+        raise ValueError(f"near (the nearest band's share of the queries) needs band edges, "
+                         f"at least two bands and 0 < near < 1, got {near}")
     codes = len(KEY_BYTES) ** key
     g = torch.Generator().manual_seed(seed)
     asks: dict[int, int] = {}  # item -> the item it asks for
@@ -121,7 +130,12 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
         keys[i] = torch.tensor([(code // len(KEY_BYTES) ** k) % len(KEY_BYTES)
                                 for k in range(key)])
         values[i] = int(torch.randint(VALUES, (1,), generator=g))
-        band = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        if near is None:
+            band = choices[int(torch.randint(len(choices), (1,), generator=g))]
+        elif float(torch.rand((), generator=g)) < near:
+            band = choices[0]
+        else:
+            band = choices[1 + int(torch.randint(len(choices) - 1, (1,), generator=g))]
         d = band[int(torch.randint(len(band), (1,), generator=g))] if len(band) > 1 else band[0]
         if i + d < n_items and i + d not in asks:
             asks[i + d] = i
@@ -223,7 +237,8 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
                  models: str | None = None, lengths: str = "256,1024,4096",
                  shape_length: int = 256,
                  distances: str = "16,64,256,1024,4096", batch_size: int = 8,
-                 train_bytes: int = 1 << 20, eval_items: int = 2000, lr: float = 2e-3,
+                 train_bytes: int = 1 << 20, near: float = 0.5, eval_items: int = 2000,
+                 lr: float = 2e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
                  csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
                  threads: int = 1) -> list[dict]:
@@ -231,7 +246,9 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     and band of distance, written to `csv` as each point is done (a stopped run resumes;
     its settings must match). Every contestant is planned at `params` parameters and
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
-    loss on the answers, and is read on `eval_items` held-out items a seed. Each contestant
+    loss on the answers (a share `near` of its queries in the nearest band, see
+    `recall_records`), and is read on `eval_items` held-out items a seed, its bands drawn
+    equally. Each contestant
     is sized once, at `shape_length` (`plan_lengths`): the same model at every length.
     `distances` are the edges of the bands of distance (`recall_bands`: each band is named by
     the nearest and farthest distance its queries can have). The control is the
@@ -241,11 +258,11 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     distance_list = sorted(set(int_list(distances, "distances", 1)))
     seed_list = int_list(seeds, "seeds", 0)
     if (not budget > 0 or params < 1 or batch_size < 1 or eval_items < 2 or shape_length < 2
-            or not 0 < control_accuracy <= 1):
+            or not 0 < control_accuracy <= 1 or not 0 < near < 1):
         raise ValueError(f"need --budget > 0, --params >= 1, --batch-size >= 1, --eval-items "
-                         f">= 2, --shape-length >= 2 and 0 < --control-accuracy <= 1; got "
-                         f"{budget}, {params}, {batch_size}, {eval_items}, {shape_length} and "
-                         f"{control_accuracy}")
+                         f">= 2, --shape-length >= 2, 0 < --control-accuracy <= 1 and "
+                         f"0 < --near < 1; got {budget}, {params}, {batch_size}, {eval_items}, "
+                         f"{shape_length}, {control_accuracy} and {near}")
     if min(length_list) < MIN_LENGTH:
         raise ValueError(f"each length must be at least {MIN_LENGTH} bytes, got "
                          f"{min(length_list)}: a shorter window may hold no answer, and a batch "
@@ -267,7 +284,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
                          shape_length=shape_length, train_bytes=train_bytes,
-                         eval_items=eval_items, lr=lr, edges=distance_list)
+                         eval_items=eval_items, lr=lr, edges=distance_list, near=near)
     rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
     bands = recall_bands(distance_list, KEY + 2)
@@ -276,7 +293,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     with torch_threads(threads):
         plans = plan_lengths(arms, length_list, budget=budget, params=params,
                              batch_size=batch_size, shape_length=shape_length)
-        stream = recall_records(items, distance_list, key=KEY, seed=0, edges=True)
+        stream = recall_records(items, distance_list, key=KEY, seed=0, edges=True, near=near)
         for name, length, seed in points:
             if (name, length, seed) in done:
                 continue
