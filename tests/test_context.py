@@ -114,6 +114,9 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     from minixl.one_bench.recall import plan_lengths
 
     out = tmp_path / "context" / "context.csv"
+    with open(tmp_path / "quality.csv", "w", newline="") as f:  # a bench_all run's folder
+        f.write("arm,length,budget,seed,common_bpc,own_protocol,own_bpc\n"
+                "char,32,1000000000.0,0,5.0,window,5.0\n")
     tiny = ["bench_context", "--budget", "1e9", "--params", "20000", "--seeds", "0",
             "--models", "char,xl", "--lengths", "32,64", "--shape-length", "32",
             "--contexts", "8,32,128", "--block", "8", "--targets", "64", "--batch-bytes", "128",
@@ -145,10 +148,15 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     mark = {(x["arm"], x["length"], x["context"]): x["reachable"] for x in rows}
     assert mark["char", "32", "128"].startswith("a prediction reads at most 32 bytes back")
     assert mark["xl", "32", "128"] != mark["char", "32", "128"]  # a memory reaches past it
-    gains = [line for line in r.stdout.splitlines() if line.startswith("bench_context: ")]
+    gains = [line for line in r.stdout.splitlines()
+             if line.startswith("bench_context: ") and " bpc gained " in line]
     assert (out.parent / "context.png").stat().st_size > 1000  # the figure, beside the CSV
     assert len(gains) == 4 * 2 and gains[0].startswith(
         "bench_context: char, trained at 32, context 8 -> 32: ")
+    table = (tmp_path / "decisions.md").read_text()  # the run's row in the bench's table
+    assert "| long context on a small budget | budget 1e+09 FLOPs, trained at 64, read with " \
+           "128 bytes of context, 1 seeds |" in table
+    assert "bench_context: the decision table, with this run's row: " in r.stdout
     again = run()
     assert again.returncode == 0 and "bench_context [" not in again.stdout
     with open(out, newline="") as f:
@@ -191,6 +199,30 @@ def test_the_decision_table_answers_long_context_from_the_context_rows():
                                      "+0.100 bpc")  # the gain of the best, winner or not
     without = {r["need"]: r for r in decisions(quality, [], None)}
     assert without["long context on a small budget"]["choice"] == "not measured"
+
+
+def test_the_written_decision_table_reads_the_context_run_below_the_bench(tmp_path):
+    from minixl.experiments import write_csv
+    from minixl.one_bench.bench_all import write_decisions
+
+    quality = [{"arm": "xl", "length": 128, "budget": 1e12, "seed": 0, "common_bpc": 3.0,
+                "own_protocol": "window", "own_bpc": 3.0}]
+    path = write_decisions(tmp_path, quality, [])
+    assert "| long context on a small budget |  | not measured |" in path.read_text()
+    (tmp_path / "context").mkdir()
+    write_csv([{"arm": arm, "length": 512, "seed": seed, "context": c, "bpc": bpc + 0.01 * seed,
+                "budget": 1e12, "reachable": "yes"}
+               for seed in range(2) for arm, c, bpc in (("xl", 1024, 2.6), ("xl", 2048, 2.5),
+                                                        ("shaw", 1024, 2.7),
+                                                        ("shaw", 2048, 2.7))],
+              tmp_path / "context" / "context.csv")
+    text = write_decisions(tmp_path, quality, []).read_text()
+    assert ("| long context on a small budget | budget 1e+12 FLOPs, trained at 512, read with "
+            "2048 bytes of context, 2 seeds | xl | held-out 2.505 bpc;") in text
+    assert "xl, context 1024 -> 2048 bytes: +0.100 bpc" in text
+    with open(tmp_path / "decisions.csv", newline="") as f:
+        assert "xl" in [r["choice"] for r in csv.DictReader(f)
+                        if r["need"] == "long context on a small budget"]
 
 
 def test_a_stopped_context_bench_goes_on_from_the_points_it_wrote(tmp_path):

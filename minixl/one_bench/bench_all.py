@@ -654,9 +654,11 @@ def decisions_markdown(table: list[dict]) -> str:
 
 def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
-    CSVs) and bench_cost's cost.csv beside them if there is one; returns the markdown file's
-    path."""
-    table = decisions(quality, reach, read_rows(Path(folder) / "cost.csv") or None)
+    CSVs), bench_cost's cost.csv beside them and bench_context's context/context.csv below
+    them, where there are; returns the markdown file's path."""
+    folder = Path(folder)
+    table = decisions(quality, reach, read_rows(folder / "cost.csv") or None,
+                      read_rows(folder / "context" / "context.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")

@@ -35,7 +35,8 @@ import torch
 from ..data import load_corpus
 from ..experiments import int_list, torch_threads, write_csv
 from ..reach import unreachable
-from .bench_all import _done, _settings, contestants, reading_segment, train_arm
+from .bench_all import (_done, _settings, contestants, read_rows, reading_segment, train_arm,
+                        write_decisions)
 from .recall import plan_lengths, point_row
 
 __all__ = ["bits_by_context", "read_blocks", "CONTEXT_COLUMNS", "bench_context",
@@ -115,7 +116,9 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
     (`bits_by_context`: `targets` bytes in blocks of `block`). One row per contestant,
     length, seed and context, written to `csv` as each point is done (a stopped run resumes;
     its settings must match); what each doubling buys is printed at the end
-    (`context_gains`)."""
+    (`context_gains`). Where `csv` is FOLDER/context/context.csv and FOLDER holds a
+    bench_all run (its quality.csv), FOLDER's decision table is written again with this
+    run's row, "long context on a small budget" (`write_decisions`)."""
     length_list = int_list(lengths, "lengths", 2)
     context_list = sorted(set(int_list(contexts, "contexts", 1)))
     seed_list = int_list(seeds, "seeds", 0)
@@ -176,6 +179,12 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
               f"{gain['from']} -> {gain['to']}: {gain['gain']:+.3f} bpc gained (seeds "
               f"{', '.join(f'{g:+.3f}' for g in gain['seeds'])}; {gain['reachable']})",
               flush=True)
+    bench = path.parent.parent  # a bench_all run's folder holds its context run in context/
+    if path.parent.name == "context" and path.name == "context.csv" and (
+            bench / "quality.csv").exists():
+        print("bench_context: the decision table, with this run's row:",
+              write_decisions(bench, read_rows(bench / "quality.csv"),
+                              read_rows(bench / "reach.csv")), flush=True)
     return rows
 
 
