@@ -199,6 +199,18 @@ def test_the_decision_table_answers_long_context_from_the_context_rows():
                                      "+0.100 bpc")  # the gain of the best, winner or not
     without = {r["need"]: r for r in decisions(quality, [], None)}
     assert without["long context on a small budget"]["choice"] == "not measured"
+    # the best reads 4096 bytes of context it cannot reach: its reason is the gain over
+    # the contexts it reads, from the shortest to the longest (out of reach gains nothing)
+    far = [dict(r, reachable="yes") for r in context if r["length"] == 512]
+    for seed in range(3):
+        far += [dict(row("xl", 512, seed, 4096, 2.45), reachable="a prediction reads at "
+                     "most 2048 bytes back"), row("shaw", 512, seed, 4096, 2.70)]
+    need = {r["need"]: r for r in decisions(quality, [], None, far)}[
+        "long context on a small budget"]
+    assert need["choice"] == "xl" and need["setting"].startswith(
+        "budget 1e+12 FLOPs, trained at 512, read with 4096 bytes")
+    assert need["reason"] == ("held-out 2.450 bpc; xl, context 1024 -> 2048 bytes, 4096 out of "
+                              "its reach: +0.100 bpc (seeds +0.100, +0.100, +0.100)")
 
 
 def test_the_written_decision_table_reads_the_context_run_below_the_bench(tmp_path):

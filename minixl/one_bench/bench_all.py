@@ -547,8 +547,9 @@ def _context_need(context: list[dict]) -> dict:
     """Long context on a small budget, from bench_context's rows: held-out bpc of the same
     bytes read with the longest context, by the models trained at the longest length, the
     best by the mean of its seeds (`_pick`); the reason names what the best arm (by its
-    mean, winner or not) gained from the context before the longest to the longest, paired
-    by seed."""
+    mean, winner or not) gained from the shortest context to the longest it can read (marked
+    in or partly in its reach before training), paired by seed: a context out of its reach
+    would gain nothing by construction, and the reason says so where the longest is."""
     length = max(int(r["length"]) for r in context)
     contexts = sorted({int(r["context"]) for r in context if int(r["length"]) == length})
     longest = contexts[-1]
@@ -556,12 +557,16 @@ def _context_need(context: list[dict]) -> dict:
     values = _by_arm(rows, "bpc")
     picked = _pick(values, lower=True, what="held-out", unit="bpc")
     best = min(values, key=lambda a: sum(values[a]) / len(values[a]))
-    bpc = {(int(r["seed"]), int(r["context"])): float(r["bpc"]) for r in context
-           if r["arm"] == best and int(r["length"]) == length}
+    mine = [r for r in context if r["arm"] == best and int(r["length"]) == length]
+    bpc = {(int(r["seed"]), int(r["context"])): float(r["bpc"]) for r in mine}
+    readable = sorted({int(r["context"]) for r in mine if r["reachable"] == "yes"
+                       or r["reachable"].startswith("partly")})
     seeds = sorted(seed for seed, c in bpc if c == longest)
-    if len(contexts) > 1 and all((seed, contexts[-2]) in bpc for seed in seeds):
-        gains = [bpc[seed, contexts[-2]] - bpc[seed, longest] for seed in seeds]
-        picked["reason"] += (f"; {best}, context {contexts[-2]} -> {longest} bytes: "
+    first, last = (readable[0], readable[-1]) if readable else (None, None)
+    if first != last and all((seed, c) in bpc for seed in seeds for c in (first, last)):
+        gains = [bpc[seed, first] - bpc[seed, last] for seed in seeds]
+        beyond = "" if last == longest else f", {longest} out of its reach"
+        picked["reason"] += (f"; {best}, context {first} -> {last} bytes{beyond}: "
                              f"{sum(gains) / len(gains):+.3f} bpc (seeds "
                              f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])

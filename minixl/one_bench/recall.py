@@ -8,11 +8,13 @@ model learns it, and mechanisms differ by how far back they can find a key. Here
 is a run of items of `key + 2` bytes each: a key of `key` bytes (from `KEY_BYTES`, the 228
 bytes that are neither a value nor a marker), then '=' and a value (an uppercase letter) when
 the item writes a pair, or '?' and the value written with that key when it asks for one.
-Each write is asked for once, `d` bytes later, d drawn from the distances given (each a
-whole number of items), so the answer byte sits exactly d bytes after its source; a key is
-not written again while a query for it is pending, so every query has one answer: the value
-of the latest write of its key, as in an induction head's lookup. Only the answers need reach: the keys and the markers are random or fixed,
-and a model that cannot read d bytes back guesses among 26 values (log2 26 bits).
+Each write is asked for at most once, `d` bytes later, d drawn from the distances given
+(each a whole number of items; a draw whose slot is taken, or that falls past the end, is
+dropped), so the answer byte sits exactly d bytes after its source; a key is not written
+again while a query for it is pending, so every query has one answer: the value of the
+latest write of its key, as in an induction head's lookup. Only the answers need reach: the
+keys and the markers are random or fixed, and a model that cannot read d bytes back guesses
+among 26 values (log2 26 bits).
 
 A distance can be one number of bytes or a band of them. With one distance a band, a model
 can answer the band without reading a key at all: the answer is the byte d back, so counting
@@ -67,9 +69,9 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
                    edges: bool = False, near: float | None = None) -> ReachRecords:
     """A stream of n_items items of key + 2 bytes (data [n_items * (key + 2)] uint8), the
     position of each query's answer byte (`answers` [A], increasing) and how many bytes back
-    its source is (`distance` [A]). Each write is asked for once, at a distance drawn from
+    its source is (`distance` [A]). Each write is asked for at most once, at a distance drawn from
     `distances` (bytes; each a positive multiple of key + 2); an item no query claims is a
-    write. Seeded by `seed`. Raises ValueError where more pairs wait for their query than
+    write. Seeded by `seed`. Raises ValueError where as many pairs wait for their query as
     there are keys of `key` bytes (228 ** key): a longer key or nearer distances fix that.
 
     edges: `distances` are instead the edges of bands, e_0 < e_1 < ... < e_n (any bytes), and
@@ -115,14 +117,15 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
         if i in asks:  # a query: the key and value of the write it asks for
             source = asks.pop(i)
             keys[i], values[i], marker[i] = keys[source], values[source], ASK
-            pending.discard(drawn[source])
+            pending.discard(drawn.pop(source))
             answers.append(i * size + size - 1)
             far.append((i - source) * size)
             continue
         if len(pending) >= codes:
             raise ValueError(f"keys of {key} byte(s) give {codes} keys, too few for the "
                              f"{len(pending)} pairs waiting for their query at item {i}: "
-                             "use a longer key or nearer distances")
+                             "use a longer key or nearer distances (in bench_recall, whose "
+                             "keys are one byte: nearer --distances)")
         while True:  # a key that no pending query asks for: one write of it till then
             code = int(torch.randint(codes, (1,), generator=g))
             if code not in pending:
@@ -246,7 +249,7 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     and band of distance, written to `csv` as each point is done (a stopped run resumes;
     its settings must match). Every contestant is planned at `params` parameters and
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
-    loss on the answers (a share `near` of its queries in the nearest band, see
+    loss on the answers (a share `near` of its draws of distance in the nearest band, see
     `recall_records`), and is read on `eval_items` held-out items a seed, its bands drawn
     equally. Each contestant
     is sized once, at `shape_length` (`plan_lengths`): the same model at every length.
@@ -267,11 +270,13 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
         raise ValueError(f"each length must be at least {MIN_LENGTH} bytes, got "
                          f"{min(length_list)}: a shorter window may hold no answer, and a batch "
                          "without one has no loss")
-    if len(distance_list) < 2 or distance_list[1] - 1 > min(length_list) // 2:
-        raise ValueError(f"--distances are band edges, at least two; the first band "
-                         f"({'-'.join(map(str, distance_list[:2]))}) is the control's: it must "
-                         f"lie well inside the shortest length ({min(length_list)}), its far "
-                         "edge at most half of it")
+    if len(distance_list) < 3 or distance_list[1] - 1 > min(length_list) // 2:
+        raise ValueError(f"--distances are band edges, at least three (two bands: the "
+                         f"control's and one more, which --near leaves the other queries to); "
+                         f"the first band ({'-'.join(map(str, distance_list[:2]))}) is the "
+                         f"control's: it must lie well inside the shortest length "
+                         f"({min(length_list)}), its far edge at most half of it; got "
+                         f"{distance_list}")
     arms = contestants(models)
     if control not in arms:
         raise ValueError(f"--control {control!r} is not among the contestants "
