@@ -54,9 +54,9 @@ from ..reach import ReachRecords, score_reach, unreachable
 from .bench_all import (_done, _reachable, _settings, contestants,
                         read_left_to_right, reading_segment, train_arm)
 
-__all__ = ["VALUES", "KEY_BYTES", "recall_records", "recall_bands", "answer_mask", "RecallWindows",
-           "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall", "point_row",
-           "band_reach", "control_verdict"]
+__all__ = ["VALUES", "KEY_BYTES", "recall_records", "recall_bands", "answer_mask",
+           "RecallWindows", "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall",
+           "point_row", "band_reach", "control_verdict"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
@@ -69,10 +69,11 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
                    edges: bool = False, near: float | None = None) -> ReachRecords:
     """A stream of n_items items of key + 2 bytes (data [n_items * (key + 2)] uint8), the
     position of each query's answer byte (`answers` [A], increasing) and how many bytes back
-    its source is (`distance` [A]). Each write is asked for at most once, at a distance drawn from
-    `distances` (bytes; each a positive multiple of key + 2); an item no query claims is a
-    write. Seeded by `seed`. Raises ValueError where as many pairs wait for their query as
-    there are keys of `key` bytes (228 ** key): a longer key or nearer distances fix that.
+    its source is (`distance` [A]). Each write is asked for at most once, at a distance
+    drawn from `distances` (bytes; each a positive multiple of key + 2); an item no query
+    claims is a write. Seeded by `seed`. Raises ValueError where as many pairs wait for their
+    query as there are keys of `key` bytes (228 ** key): a longer key or nearer distances fix
+    that.
 
     edges: `distances` are instead the edges of bands, e_0 < e_1 < ... < e_n (any bytes), and
     each query's distance is drawn uniformly among the whole numbers of items in one band
@@ -103,7 +104,7 @@ def recall_records(n_items: int, distances, *, key: int = 2, seed: int = 0,
     else:
         choices = [[d // size] for d in distances]
     if near is not None and not (edges and len(choices) > 1 and 0 < near < 1):
-        raise ValueError(f"near (the nearest band's share of the queries) needs band edges, "
+        raise ValueError(f"near (the nearest band's share of the draws) needs band edges, "
                          f"at least two bands and 0 < near < 1, got {near}")
     codes = len(KEY_BYTES) ** key
     g = torch.Generator().manual_seed(seed)
@@ -251,8 +252,8 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
     `budget` training FLOPs at each length, trains on `train_bytes` of the stream with the
     loss on the answers (a share `near` of its draws of distance in the nearest band, see
     `recall_records`), and is read on `eval_items` held-out items a seed, its bands drawn
-    equally. Each contestant
-    is sized once, at `shape_length` (`plan_lengths`): the same model at every length.
+    equally. Each contestant is sized once, at `shape_length` (`plan_lengths`): the same
+    model at every length.
     `distances` are the edges of the bands of distance (`recall_bands`: each band is named by
     the nearest and farthest distance its queries can have). The control is the
     arm `control` (a dense attention model) in the nearest band, which lies inside every
