@@ -265,6 +265,72 @@ def test_the_control_verdict_reads_the_control_arm_at_the_shortest_distance_at_e
     assert not control_verdict(rows({256: [0.99]}), control_accuracy=0.995)[0]
 
 
+def _recall_row(arm, length, seed, low, high, accuracy, reachable="yes", cases=100):
+    return {"arm": arm, "kind": arm, "length": length, "budget": 1e12, "seed": seed,
+            "band": f"{low}-{high}", "low": low, "high": high, "cases": cases,
+            "accuracy": accuracy, "reachable": reachable}
+
+
+def test_the_decision_table_answers_exact_recall_from_the_recall_rows_its_control_first():
+    from minixl.one_bench.bench_all import decisions
+    from minixl.one_bench.recall import recall_need
+
+    far = "a prediction reads at most 64 bytes back (a window of 64 bytes)"
+    rows = []
+    for seed, (a, b) in enumerate([(0.97, 0.50), (0.99, 0.60), (0.96, 0.55)]):
+        rows += [_recall_row("shaw", 64, seed, 6, 30, a), _recall_row("xl", 64, seed, 6, 30, b),
+                 _recall_row("shaw", 64, seed, 33, 63, 0.30),
+                 _recall_row("xl", 64, seed, 33, 63, 0.80 + 0.01 * seed),
+                 _recall_row("shaw", 64, seed, 66, 126, 0.04, far),
+                 _recall_row("xl", 64, seed, 66, 126, 0.03 + 0.01 * seed),
+                 _recall_row("shaw", 64, seed, 129, 255, 0.04, far),
+                 _recall_row("xl", 64, seed, 129, 255, 0.05, "a prediction reads at most 128 "
+                             "bytes back")]
+    table = recall_need(rows)
+    assert [r["need"] for r in table] == [
+        "exact recall at a distance: positive control", *(
+            f"exact recall at a distance: {b} bytes" for b in ("6-30", "33-63", "66-126",
+                                                              "129-255"))]
+    control, near, middle, beyond, none = table
+    assert control["choice"] == "passed" and control["setting"] == (
+        "recall task, budget 1e+12, length 64, 3 seeds")
+    assert control["reason"].endswith("length 64: passed (0.960, 0.970, 0.990)")
+    assert near["choice"] == "shaw" and near["runner_up"] == "xl (0.550)"
+    assert middle["choice"] == "xl" and middle["reason"] == "accuracy 0.810"
+    assert middle["margin"] == pytest.approx(0.51)
+    # reachable by xl alone, and xl at chance there: not learned, which is not "cannot"
+    assert beyond["choice"].startswith("none learned it (the best, xl, is no better than "
+                                       "chance")
+    assert none["choice"] == "none can reach it" and none["reason"].endswith("at length 64")
+    # the control fails at the longer length: the rows are those of the length it passed at
+    longer = [dict(r, length=256, accuracy=0.2 if r["arm"] == "shaw" else 0.9) for r in rows]
+    table = recall_need(rows + longer)
+    assert table[0]["choice"] == "passed at length 64 only"
+    assert "length 256: FAILED" in table[0]["reason"]
+    assert all(r["setting"].startswith("recall task, budget 1e+12, length 64,")
+               for r in table)
+    # failed everywhere: the control's row alone, for nothing else can be concluded
+    table = recall_need(longer)
+    assert len(table) == 1 and table[0]["choice"] == ("FAILED: the recall rows conclude "
+                                                      "nothing")
+    # a contestant that did not run is named; one seed names no winner
+    one = recall_need([r for r in rows if r["seed"] == 0 and not (r["arm"] == "xl"
+                                                                  and r["low"] == 6)])
+    assert one[1]["choice"] == "only shaw measured"
+    assert one[2]["choice"] == "no winner at this scale (one seed, no spread; best xl)"
+    # in the decision table, the recall rows take the reach task's place
+    quality = [{"arm": "xl", "length": 128, "budget": 1e12, "seed": 0, "common_bpc": 3.0,
+                "own_protocol": "window", "own_bpc": 3.0}]
+    reach = [{"arm": "xl", "length": 128, "budget": 1e12, "seed": 0, "band": "16-63",
+              "low": 16, "cases": 10, "accuracy": 0.5, "reachable": "yes"}]
+    with_reach = [r["need"] for r in decisions(quality, reach)]
+    assert "exact recall at a distance: 16-63 bytes" in with_reach
+    needs = [r["need"] for r in decisions(quality, reach, None, None, rows)]
+    assert "exact recall at a distance: 16-63 bytes" not in needs
+    start = needs.index("exact recall at a distance: positive control")
+    assert needs[start:start + 5] == [r["need"] for r in recall_need(rows)]
+
+
 @pytest.mark.slow
 def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_its_control(
         tmp_path):
@@ -276,7 +342,7 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
 
     from minixl.kinds import KINDS
     from minixl.one_bench.bench_all import contestants
-    from minixl.one_bench.recall import RECALL_COLUMNS, plan_lengths
+    from minixl.one_bench.recall import RECALL_COLUMNS, plan_lengths, recall_need
 
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -290,11 +356,21 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
         return subprocess.run([sys.executable, "-m", "minixl.experiments", *tiny, *extra],
                               capture_output=True, text=True, cwd=root, env=env, timeout=600)
 
+    from minixl.experiments import write_csv
+
+    write_csv([{"arm": "char", "length": 32, "budget": 1e9, "seed": 0, "common_bpc": 3.0,
+                "own_protocol": "window", "own_bpc": 3.0}], tmp_path / "quality.csv")
     r = run()
     assert r.returncode == 0, r.stdout + r.stderr
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == RECALL_COLUMNS
+    # beside a bench's quality.csv, the run rewrites its decision table with the recall rows
+    table = (tmp_path / "decisions.md").read_text()
+    assert "| exact recall at a distance: positive control | recall task, budget 1e+09" in table
+    for need in recall_need(rows):  # the control's row; the bands' rows where it passed
+        assert f"| {need['need']} | {need['setting']} | {need['choice']} |" in table
+    assert (out.with_suffix(".png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [(x["arm"], x["length"]) for x in rows[::3]] == [
         (a, n) for n in ("32", "64") for a in ("char", "shaw", "xl")]
     assert [x["band"] for x in rows[:3]] == ["9-15", "18-63", "66-126"]  # items of 3 bytes
@@ -322,7 +398,7 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert mark["char", "32", "18-63"] == ("partly: the band runs to 63 bytes back, and a "
                                            "prediction reads at most 32")
     assert r.stdout.count("bench_recall [") == 6
-    verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: ")]
+    verdict = [line for line in r.stdout.splitlines() if line.startswith("bench_recall: positive")]
     assert len(verdict) == 1 and verdict[0].startswith(
         "bench_recall: positive control, shaw recalling 9-15 bytes back, accuracy 0.95 in every "
         "seed: length 32: ")

@@ -43,7 +43,7 @@ from ..training import TrainConfig, train
 
 __all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all",
            "QUALITY_COLUMNS", "REACH_COLUMNS", "read_rows", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
-           "plot_bench", "merge_runs"]
+           "plot_bench", "merge_runs", "control_verdict", "recall_need"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
@@ -574,14 +574,102 @@ def _context_need(context: list[dict]) -> dict:
                        f"bytes of context, {len({r['seed'] for r in rows})} seeds", **picked}
 
 
+def control_verdict(rows: list[dict], control: str = "shaw",
+                    control_accuracy: float = 0.95) -> tuple[bool, str]:
+    """(passed at every length, what it says): the control arm's accuracy in the nearest
+    band of distance, which lies inside every window, at each length, in every seed, against
+    `control_accuracy`. Where it fails, the run concludes nothing at that length: a
+    mechanism that scores chance there may be untrained, not unable (the same FLOPs buy
+    fewer steps at a longer length)."""
+    mine = [r for r in rows if r["arm"] == control]
+    if not mine:
+        return False, (f"no positive control: the arm {control!r} did not run, so nothing here "
+                       "says the task was learnable at this budget")
+    low = min(int(r["low"]) for r in mine)
+    said, passed = [], True
+    for length in sorted({int(r["length"]) for r in mine}):
+        got = sorted(float(r["accuracy"]) for r in mine
+                     if int(r["length"]) == length and int(r["low"]) == low
+                     and r["accuracy"] not in (None, ""))
+        if got and got[0] >= control_accuracy:
+            said.append(f"length {length}: passed ({', '.join(f'{a:.3f}' for a in got)})")
+            continue
+        passed = False
+        said.append(f"length {length}: FAILED ("
+                    + (", ".join(f"{a:.3f}" for a in got) if got else "no case")
+                    + "), so the run concludes nothing about reach at this length")
+    band = next(r["band"] for r in mine if int(r["low"]) == low)
+    return passed, (f"positive control, {control} recalling {band} bytes back, accuracy "
+                    f"{control_accuracy:g} in every seed: " + "; ".join(said))
+
+
+def recall_need(rows: list[dict], control: str = "shaw",
+                control_accuracy: float = 0.95) -> list[dict]:
+    """The decision table's rows for exact recall at a distance, from bench_recall's rows:
+    first the positive control's row (`control_verdict`), then one row a band of distance at
+    the longest length where the control passed, the best arm by its mean accuracy over
+    seeds among those that can reach the band (marked in or partly in reach before
+    training), against chance (`_pick`). Where no arm can reach a band, the row says so and
+    why; where the control failed at every length, the control's row is the only one, for
+    nothing else here says what a mechanism cannot learn."""
+    need = NEEDS[3]
+    passed_at = [n for n in sorted({int(r["length"]) for r in rows})
+                 if control_verdict([r for r in rows if int(r["length"]) == n], control,
+                                    control_accuracy)[0]]
+    passed, said = control_verdict(rows, control, control_accuracy)
+    length = passed_at[-1] if passed_at else max(int(r["length"]) for r in rows)
+    at = [r for r in rows if int(r["length"]) == length]
+    seeds = len({r["seed"] for r in at})
+    setting = f"recall task, budget {float(at[0]['budget']):g}, length {length}, {seeds} seed" \
+              + ("s" if seeds > 1 else "")
+    mine = [r for r in at if r["arm"] == control]
+    low = min((int(r["low"]) for r in mine), default=None)
+    got = [float(r["accuracy"]) for r in mine if int(r["low"]) == low]
+    table = [{"need": f"{need}: positive control", "setting": setting if mine else "",
+              "choice": _control_choice(passed, passed_at),
+              "reason": said.removeprefix("positive control, "),
+              "runner_up": "", "margin": None, "spread": None}]
+    if not got or not passed_at:
+        return table
+    every = list(dict.fromkeys(r["arm"] for r in rows))
+    for low in sorted({int(r["low"]) for r in at}):
+        band = next(r["band"] for r in at if int(r["low"]) == low)
+        here = [r for r in at if int(r["low"]) == low and int(r["cases"] or 0) > 0
+                and (r["reachable"] == "yes" or r["reachable"].startswith("partly"))]
+        if not here:
+            table.append({"need": f"{need}: {band} bytes", "setting": setting,
+                          "choice": "none can reach it",
+                          "reason": f"every contestant's config puts it out of reach at "
+                                    f"length {length}",
+                          "runner_up": "", "margin": None, "spread": None})
+            continue
+        table.append({"need": f"{need}: {band} bytes",
+                      "setting": setting + _missing(at, every),
+                      **_pick(_by_arm(here, "accuracy"), lower=False, what="accuracy", unit="",
+                              chance=1 / LETTERS)})
+    return table
+
+
+def _control_choice(passed: bool, passed_at: list[int]) -> str:
+    if passed:
+        return "passed"
+    if passed_at:
+        return f"passed at length {', '.join(map(str, passed_at))} only"
+    return "FAILED: the recall rows conclude nothing"
+
+
 def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None,
-              context: list[dict] | None = None) -> list[dict]:
+              context: list[dict] | None = None,
+              recall: list[dict] | None = None) -> list[dict]:
     """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
     the measured reason, the runner-up, the margin and the two's spread (of seeds; of rounds
     for a time, see `_generation_need`); 'no winner at this scale' where the spread covers
     the margin; 'not measured' where this run has nothing to say. The rows of bench_cost
     (`cost`), when given, answer streaming generation and training memory at 16k; those of
-    bench_context (`context`), when given, answer long context on a small budget."""
+    bench_context (`context`), when given, answer long context on a small budget; those of
+    bench_recall (`recall`), when given, answer exact recall at a distance in place of the
+    reach task's rows, its positive control first (`recall_need`).
+    """
     table = []
 
     def add(need, setting, picked):
@@ -618,6 +706,9 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
             _pick(_by_arm(infill, "own_bpc"), lower=True, what="infill", unit="bpc"))
     else:
         unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
+    if recall:
+        table += recall_need(recall)
+        reach = []
     reach = _top_reach(reach)
     for low in sorted({int(r["low"]) for r in reach}):
         rows = [r for r in reach if int(r["low"]) == low and int(r["cases"] or 0) > 0
@@ -659,11 +750,13 @@ def decisions_markdown(table: list[dict]) -> str:
 
 def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
-    CSVs), bench_cost's cost.csv beside them and bench_context's context/context.csv below
-    them, where there are; returns the markdown file's path."""
+    CSVs), bench_cost's cost.csv beside them, bench_context's context/context.csv and
+    bench_recall's recall/recall.csv below them, where there are; returns the markdown
+    file's path."""
     folder = Path(folder)
     table = decisions(quality, reach, read_rows(folder / "cost.csv") or None,
-                      read_rows(folder / "context" / "context.csv") or None)
+                      read_rows(folder / "context" / "context.csv") or None,
+                      read_rows(folder / "recall" / "recall.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")

@@ -51,12 +51,14 @@ from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
 from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench
 from ..reach import ReachRecords, score_reach, unreachable
-from .bench_all import (_done, _reachable, _settings, contestants,
-                        read_left_to_right, reading_segment, train_arm)
+from .bench_all import (_done, _reachable, _settings, contestants, control_verdict,
+                        read_left_to_right, read_rows, reading_segment, recall_need, train_arm,
+                        write_decisions)
 
 __all__ = ["VALUES", "KEY_BYTES", "recall_records", "recall_bands", "answer_mask",
            "RecallWindows", "answers_only", "RECALL_COLUMNS", "plan_lengths", "bench_recall",
-           "point_row", "band_reach", "control_verdict"]
+           "point_row", "band_reach", "control_verdict", "recall_need",
+           "plot_recall"]
 
 VALUES = 26  # the values are the uppercase letters: a uniform guess is right 1 time in 26
 WRITE, ASK = ord("="), ord("?")
@@ -237,12 +239,12 @@ def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size:
     return plans
 
 
-def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,2",
-                 models: str | None = None, lengths: str = "256,1024,4096",
-                 shape_length: int = 256,
-                 distances: str = "16,64,256,1024,4096", batch_size: int = 8,
-                 train_bytes: int = 1 << 20, near: float = 0.5, eval_items: int = 2000,
-                 lr: float = 2e-3,
+def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,1,2",
+                 models: str | None = None, lengths: str = "64",
+                 shape_length: int = 64,
+                 distances: str = "4,32,64,128,256", batch_size: int = 16,
+                 train_bytes: int = 1 << 20, near: float = 0.7, eval_items: int = 2000,
+                 lr: float = 3e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
                  csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
                  threads: int = 1) -> list[dict]:
@@ -322,7 +324,14 @@ def bench_recall(budget: float = 4e12, params: int = 100_000, seeds: str = "0,1,
             print(f"bench_recall [{count}/{len(points)}] {name}, length {length}, seed {seed}: "
                   f"{plan.steps} steps in {seconds:.1f} s", flush=True)
     rows = _done(path, settings, writer="bench_recall", files=path.name)  # as stored
+    plot_recall(rows, path.with_suffix(".png"), control_accuracy)
     print("bench_recall:", control_verdict(rows, control, control_accuracy)[1], flush=True)
+    bench = path.parent.parent  # a bench_all run's folder holds its recall run in recall/
+    if path.parent.name == "recall" and path.name == "recall.csv" and (
+            bench / "quality.csv").exists():
+        print("bench_recall: the decision table, with this run's rows:",
+              write_decisions(bench, read_rows(bench / "quality.csv"),
+                              read_rows(bench / "reach.csv")), flush=True)
     return rows
 
 
@@ -351,30 +360,59 @@ def band_reach(low: int, high: int, most: int | None, segment: int, far: dict) -
     return _reachable(high, most, segment, far)
 
 
-def control_verdict(rows: list[dict], control: str = "shaw",
-                    control_accuracy: float = 0.95) -> tuple[bool, str]:
-    """(passed at every length, what it says): the control arm's accuracy in the nearest
-    band of distance, which lies inside every window, at each length, in every seed, against
-    `control_accuracy`. Where it fails, the run concludes nothing at that length: a
-    mechanism that scores chance there may be untrained, not unable (the same FLOPs buy
-    fewer steps at a longer length)."""
-    mine = [r for r in rows if r["arm"] == control]
-    if not mine:
-        return False, (f"no positive control: the arm {control!r} did not run, so nothing here "
-                       "says the task was learnable at this budget")
-    low = min(int(r["low"]) for r in mine)
-    said, passed = [], True
-    for length in sorted({int(r["length"]) for r in mine}):
-        got = sorted(float(r["accuracy"]) for r in mine
-                     if int(r["length"]) == length and int(r["low"]) == low
-                     and r["accuracy"] not in (None, ""))
-        if got and got[0] >= control_accuracy:
-            said.append(f"length {length}: passed ({', '.join(f'{a:.3f}' for a in got)})")
-            continue
-        passed = False
-        said.append(f"length {length}: FAILED ("
-                    + (", ".join(f"{a:.3f}" for a in got) if got else "no case")
-                    + "), so the run concludes nothing about reach at this length")
-    band = next(r["band"] for r in mine if int(r["low"]) == low)
-    return passed, (f"positive control, {control} recalling {band} bytes back, accuracy "
-                    f"{control_accuracy:g} in every seed: " + "; ".join(said))
+def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
+    """A figure of bench_recall's rows at `path`: accuracy against the distance to the
+    answer's source (each band at the geometric middle of its distances, log scale), a line
+    per contestant (mean of its seeds, bars: half their range), a panel per length; a filled
+    marker where the band is in the model's reach (marked before training), a hollow one
+    where it is partly or wholly out of it; chance (1 in 26) and the control's bar drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({int(r["length"]) for r in rows})
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.6), dpi=72,
+                             sharey=True, squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        here = [r for r in rows if int(r["length"]) == length]
+        middle = {r["band"]: (int(r["low"]) * int(r["high"])) ** 0.5 for r in here}
+        for i, arm in enumerate(arms):
+            by: dict[str, list[float]] = {}
+            mark: dict[str, str] = {}
+            for r in here:
+                if r["arm"] == arm and r["accuracy"] not in (None, ""):
+                    by.setdefault(r["band"], []).append(float(r["accuracy"]))
+                    mark[r["band"]] = r["reachable"]
+            bands = sorted(by, key=middle.get)
+            if not bands:
+                continue
+            xs = [middle[b] for b in bands]
+            means = [sum(by[b]) / len(by[b]) for b in bands]
+            half = [(max(by[b]) - min(by[b])) / 2 for b in bands]
+            colour = f"C{i}"
+            ax.errorbar(xs, means, yerr=half, color=colour, capsize=2, lw=1, label=arm)
+            for x, m, b in zip(xs, means, bands):
+                ax.plot([x], [m], "o", ms=4, color=colour,
+                        markerfacecolor=colour if mark[b] == "yes" else "white")
+        bands = sorted(middle, key=middle.get)
+        ax.set_xscale("log")
+        ax.set_xticks([middle[b] for b in bands], bands, fontsize=7)
+        ax.minorticks_off()
+        ax.axhline(1 / VALUES, color="gray", lw=0.8, ls=":")
+        ax.axhline(control_accuracy, color="gray", lw=0.8, ls="--")
+        ax.set_xlabel("distance to the answer's source (bytes)")
+        ax.set_title(f"windows (or segments) of {length} bytes", fontsize=9)
+    axes[0][0].set_ylabel("accuracy on the answers")
+    axes[0][0].set_ylim(0, 1.02)
+    axes[0][0].text(axes[0][0].get_xlim()[0], 1 / VALUES + 0.02, " chance (1 in 26)",
+                    fontsize=7, color="gray")
+    axes[0][0].text(axes[0][0].get_xlim()[0], control_accuracy - 0.07, " control's bar",
+                    fontsize=7, color="gray")
+    axes[0][0].legend(fontsize=7, ncol=2, loc="center right")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
