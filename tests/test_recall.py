@@ -302,6 +302,15 @@ def test_the_decision_table_answers_exact_recall_from_the_recall_rows_its_contro
     assert beyond["choice"].startswith("none learned it (the best, xl, is no better than "
                                        "chance")
     assert none["choice"] == "none can reach it" and none["reason"].endswith("at length 64")
+    # one arm can reach a band: above chance by less than a guess's noise is not learned
+    noisy = [dict(r, accuracy=0.06, cases=245) if r["arm"] == "xl" and r["low"] == 66 else r
+             for r in rows]
+    assert recall_need(noisy)[3]["choice"] == (
+        "none learned it (the best, xl, is no better than chance, 0.038; the bar 0.063 adds "
+        "two standard deviations of a guess over 245 answers)")
+    learned = [dict(r, accuracy=0.2) if r["arm"] == "xl" and r["low"] == 66 else r
+               for r in rows]
+    assert recall_need(learned)[3]["choice"] == "only xl can reach it"
     # the control fails at the longer length: the rows are those of the length it passed at
     longer = [dict(r, length=256, accuracy=0.2 if r["arm"] == "shaw" else 0.9) for r in rows]
     table = recall_need(rows + longer)

@@ -106,7 +106,7 @@ def test_a_broken_link_or_a_missing_figure_fails_the_build(tmp_path):
 
 def test_the_readme_shows_the_bench_and_links_its_decision_table():
     """The README's first screen shows the bench's figure and links its decision table; the
-    table is the one bench_all (and bench_cost, bench_context) write from the stored CSVs
+    table is the one bench_all (and bench_cost, bench_context, bench_recall) write from the stored CSVs
     (text, byte for byte), and the
     figure is a PNG of the size plot_bench draws."""
     import csv
@@ -124,7 +124,8 @@ def test_the_readme_shows_the_bench_and_links_its_decision_table():
             return list(csv.DictReader(f))
 
     table = decisions_markdown(decisions(read("quality.csv"), read("reach.csv"),
-                                         read("cost.csv"), read("context/context.csv"))) + "\n"
+                                         read("cost.csv"), read("context/context.csv"),
+                                         read("recall/recall.csv"))) + "\n"
     assert (bench / "decisions.md").read_text() == table
     png = (bench / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

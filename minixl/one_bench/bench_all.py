@@ -424,12 +424,14 @@ def _by_arm(rows: list[dict], key: str) -> dict[str, list[float]]:
 
 
 def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
-          chance: float | None = None) -> dict:
+          chance: float | None = None, cases: int | None = None) -> dict:
     """The arm whose mean over seeds is best, the runner-up, the margin between their means and
     the spread of the two (half the range of each one's seeds, added): no winner where the
     ranges of their seeds meet (the best's worst seed is not better than the runner-up's best
     one), or where there are fewer than two seeds or two contestants; and none at all where
-    the best's worst seed is no better than `chance` (a uniform guess)."""
+    the best's worst seed is no better than `chance` (a uniform guess), or, given the number
+    of answers each accuracy counts (`cases`, the fewest), no more than two standard
+    deviations of a guess's accuracy above it."""
     means = {a: sum(v) / len(v) for a, v in values.items()}
     order = sorted(means, key=lambda a: means[a] if lower else -means[a])
     half = {a: (max(v) - min(v)) / 2 for a, v in values.items()}
@@ -439,9 +441,14 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
            "runner_up": "", "margin": None, "spread": None}
     worst = {a: (max(v) if lower else min(v)) for a, v in values.items()}
     top = {a: (min(v) if lower else max(v)) for a, v in values.items()}
-    if chance is not None and not (worst[best] < chance if lower else worst[best] > chance):
+    bar, noise = chance, ""
+    if chance is not None and cases:
+        bar = chance + 2 * (chance * (1 - chance) / cases) ** 0.5
+        noise = (f"; the bar {bar:.3f} adds two standard deviations of a guess over {cases} "
+                 "answers")
+    if chance is not None and not (worst[best] < bar if lower else worst[best] > bar):
         row["choice"] = f"none learned it (the best, {best}, is no better than chance, " \
-                        f"{chance:.3f})"
+                        f"{chance:.3f}{noise})"
         return row
     if len(order) < 2:
         row["choice"] = f"only {best} measured"
@@ -609,7 +616,8 @@ def recall_need(rows: list[dict], control: str = "shaw",
     first the positive control's row (`control_verdict`), then one row a band of distance at
     the longest length where the control passed, the best arm by its mean accuracy over
     seeds among those that can reach the band (marked in or partly in reach before
-    training), against chance (`_pick`). Where no arm can reach a band, the row says so and
+    training), against chance and two standard deviations of a guess over the band's answers
+    (`_pick`). Where no arm can reach a band, the row says so and
     why; where the control failed at every length, the control's row is the only one, for
     nothing else here says what a mechanism cannot learn."""
     need = NEEDS[3]
@@ -643,10 +651,14 @@ def recall_need(rows: list[dict], control: str = "shaw",
                                     f"length {length}",
                           "runner_up": "", "margin": None, "spread": None})
             continue
-        table.append({"need": f"{need}: {band} bytes",
-                      "setting": setting + _missing(at, every),
-                      **_pick(_by_arm(here, "accuracy"), lower=False, what="accuracy", unit="",
-                              chance=1 / LETTERS)})
+        picked = _pick(_by_arm(here, "accuracy"), lower=False, what="accuracy", unit="",
+                       chance=1 / LETTERS, cases=min(int(r["cases"]) for r in here))
+        able = {r["arm"] for r in here}
+        if picked["choice"].startswith("only ") and len(able) < len(
+                {r["arm"] for r in at if int(r["low"]) == low}):  # the others out of reach
+            picked["choice"] = f"only {', '.join(sorted(able))} can reach it"
+        table.append({"need": f"{need}: {band} bytes", "setting": setting + _missing(at, every),
+                      **picked})
     return table
 
 
