@@ -340,10 +340,67 @@ def test_the_decision_table_answers_exact_recall_from_the_recall_rows_its_contro
     assert needs[start:start + 5] == [r["need"] for r in recall_need(rows)]
 
 
+def test_a_guess_s_noise_bar_lies_on_the_side_of_chance_that_counts_as_better():
+    from minixl.one_bench.bench_all import _pick
+
+    def pick(values, lower, cases):
+        return _pick(values, lower=lower, what="x", unit="", chance=0.6, cases=cases)["choice"]
+
+    # lower is better: 0.5 lies 2.04 sd below a chance of 0.6 over 100 answers (sd 0.049),
+    # and 1.02 sd below it over 25 (sd 0.098): learned in the first case only
+    assert pick({"a": [0.5, 0.5], "b": [0.9, 0.9]}, True, 100) == "a"
+    assert pick({"a": [0.5, 0.5], "b": [0.9, 0.9]}, True, 25).startswith(
+        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.404")
+    # higher is better: the mirror image
+    assert pick({"a": [0.7, 0.7], "b": [0.1, 0.1]}, False, 100) == "a"
+    assert pick({"a": [0.7, 0.7], "b": [0.1, 0.1]}, False, 25).startswith(
+        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.796")
+
+
+def test_the_recall_rows_name_what_they_lack_and_the_control_the_run_stored():
+    import json
+
+    from minixl.one_bench.bench_all import decisions
+    from minixl.one_bench.recall import recall_need
+
+    assert recall_need([]) == [{
+        "need": "exact recall at a distance: positive control", "setting": "",
+        "choice": "FAILED: the recall rows conclude nothing",
+        "reason": "no recall rows: bench_recall wrote none", "runner_up": "", "margin": None,
+        "spread": None}]
+    rows = []
+    for seed in (0, 1):
+        rows += [_recall_row("shaw", 64, seed, 6, 30, 0.97 + 0.01 * seed),
+                 _recall_row("xl", 64, seed, 6, 30, 0.50),
+                 _recall_row("shaw", 64, seed, 33, 63, 0.60 + 0.01 * seed),
+                 _recall_row("xl", 64, seed, 33, 63, 0.30, cases=0),  # in reach, no answer
+                 _recall_row("char", 128, seed, 6, 30, 0.3)]  # char ran at 128 only
+    table = recall_need(rows)
+    # xl can reach 33-63: shaw is the only one measured there, not the only one that can reach
+    assert table[2]["choice"] == "only shaw measured"
+    # a contestant absent from the whole length the rows are read at is named
+    assert all(r["setting"].endswith(", 2 of 3 contestants (no char)") for r in table[1:])
+    no_answers = [dict(r, cases=0) if r["low"] == 33 else r for r in rows]
+    assert recall_need(no_answers)[2]["choice"] == "not measured"
+    # the decision table judges the control that the run stored in its settings
+    stored = [dict(r, settings=json.dumps({"control": "xl", "control_accuracy": 0.5}))
+              for r in rows]
+    quality = [{"arm": "xl", "length": 128, "budget": 1e12, "seed": 0, "common_bpc": 3.0,
+                "own_protocol": "window", "own_bpc": 3.0}]
+    control = next(r for r in decisions(quality, [], None, None, stored)
+                   if r["need"].endswith("positive control"))
+    assert control["choice"] == "passed" and control["reason"].startswith(
+        "xl recalling 6-30 bytes back, accuracy 0.5 in every seed")
+    control = next(r for r in decisions(quality, [], None, None, rows)  # none stored: shaw
+                   if r["need"].endswith("positive control"))
+    assert control["reason"].startswith("shaw recalling 6-30 bytes back, accuracy 0.95")
+
+
 @pytest.mark.slow
 def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_its_control(
         tmp_path):
     import csv
+    import json
     import os
     import subprocess
     import sys
@@ -374,6 +431,8 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == RECALL_COLUMNS
+    assert {(json.loads(x["settings"])["control"], json.loads(x["settings"])["control_accuracy"])
+            for x in rows} == {("shaw", 0.95)}  # stored: the decision table judges by it
     # beside a bench's quality.csv, the run rewrites its decision table with the recall rows
     table = (tmp_path / "decisions.md").read_text()
     assert "| exact recall at a distance: positive control | recall task, budget 1e+09" in table

@@ -431,7 +431,7 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
     one), or where there are fewer than two seeds or two contestants; and none at all where
     the best's worst seed is no better than `chance` (a uniform guess), or, given the number
     of answers each accuracy counts (`cases`, the fewest), no more than two standard
-    deviations of a guess's accuracy above it."""
+    deviations of a guess's accuracy beyond it (above it, or below it where `lower`)."""
     means = {a: sum(v) / len(v) for a, v in values.items()}
     order = sorted(means, key=lambda a: means[a] if lower else -means[a])
     half = {a: (max(v) - min(v)) / 2 for a, v in values.items()}
@@ -443,7 +443,8 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
     top = {a: (min(v) if lower else max(v)) for a, v in values.items()}
     bar, noise = chance, ""
     if chance is not None and cases:
-        bar = chance + 2 * (chance * (1 - chance) / cases) ** 0.5
+        sd = (chance * (1 - chance) / cases) ** 0.5
+        bar = chance - 2 * sd if lower else chance + 2 * sd
         noise = (f"; the bar {bar:.3f} adds two standard deviations of a guess over {cases} "
                  "answers")
     if chance is not None and not (worst[best] < bar if lower else worst[best] > bar):
@@ -621,6 +622,11 @@ def recall_need(rows: list[dict], control: str = "shaw",
     why; where the control failed at every length, the control's row is the only one, for
     nothing else here says what a mechanism cannot learn."""
     need = NEEDS[3]
+    if not rows:
+        return [{"need": f"{need}: positive control", "setting": "",
+                 "choice": "FAILED: the recall rows conclude nothing",
+                 "reason": "no recall rows: bench_recall wrote none", "runner_up": "",
+                 "margin": None, "spread": None}]
     passed_at = [n for n in sorted({int(r["length"]) for r in rows})
                  if control_verdict([r for r in rows if int(r["length"]) == n], control,
                                     control_accuracy)[0]]
@@ -642,24 +648,41 @@ def recall_need(rows: list[dict], control: str = "shaw",
     every = list(dict.fromkeys(r["arm"] for r in rows))
     for low in sorted({int(r["low"]) for r in at}):
         band = next(r["band"] for r in at if int(r["low"]) == low)
-        here = [r for r in at if int(r["low"]) == low and int(r["cases"] or 0) > 0
-                and (r["reachable"] == "yes" or r["reachable"].startswith("partly"))]
-        if not here:
+        able = {r["arm"] for r in at if int(r["low"]) == low
+                and (r["reachable"] == "yes" or r["reachable"].startswith("partly"))}
+        here = [r for r in at if int(r["low"]) == low and r["arm"] in able
+                and int(r["cases"] or 0) > 0]
+        if not able:
             table.append({"need": f"{need}: {band} bytes", "setting": setting,
                           "choice": "none can reach it",
                           "reason": f"every contestant's config puts it out of reach at "
                                     f"length {length}",
                           "runner_up": "", "margin": None, "spread": None})
             continue
+        if not here:
+            table.append({"need": f"{need}: {band} bytes", "setting": setting,
+                          "choice": "not measured",
+                          "reason": f"no answer fell in this band at length {length}",
+                          "runner_up": "", "margin": None, "spread": None})
+            continue
         picked = _pick(_by_arm(here, "accuracy"), lower=False, what="accuracy", unit="",
                        chance=1 / LETTERS, cases=min(int(r["cases"]) for r in here))
-        able = {r["arm"] for r in here}
-        if picked["choice"].startswith("only ") and len(able) < len(
+        if picked["choice"].startswith("only ") and len(able) == 1 and len(able) < len(
                 {r["arm"] for r in at if int(r["low"]) == low}):  # the others out of reach
             picked["choice"] = f"only {', '.join(sorted(able))} can reach it"
         table.append({"need": f"{need}: {band} bytes", "setting": setting + _missing(at, every),
                       **picked})
     return table
+
+
+def recall_judge(rows: list[dict]) -> dict:
+    """{'control': ..., 'control_accuracy': ...}: the positive control that the run which
+    wrote `rows` named in its settings (bench_recall stores both there), else the defaults
+    (a file written before they were stored, or rows built by hand)."""
+    judge = {"control": "shaw", "control_accuracy": 0.95}
+    stored = json.loads(rows[0].get("settings") or "{}") if rows else {}
+    judge.update({k: stored[k] for k in judge if k in stored})
+    return judge
 
 
 def _control_choice(passed: bool, passed_at: list[int]) -> str:
@@ -719,7 +742,7 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
     else:
         unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
     if recall:
-        table += recall_need(recall)
+        table += recall_need(recall, **recall_judge(recall))
         reach = []
     reach = _top_reach(reach)
     for low in sorted({int(r["low"]) for r in reach}):
