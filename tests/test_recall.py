@@ -368,6 +368,12 @@ def test_the_recall_rows_name_what_they_lack_and_the_control_the_run_stored():
         "choice": "FAILED: the recall rows conclude nothing",
         "reason": "no recall rows: bench_recall wrote none", "runner_up": "", "margin": None,
         "spread": None}]
+    from minixl.one_bench.context import plot_context
+    from minixl.one_bench.recall import plot_recall
+
+    for plot, what in ((plot_recall, "bench_recall"), (plot_context, "bench_context")):
+        with pytest.raises(ValueError, match=f"no rows to draw: {what} wrote none"):
+            plot([], "unused.png")
     rows = []
     for seed in (0, 1):
         rows += [_recall_row("shaw", 64, seed, 6, 30, 0.97 + 0.01 * seed),

@@ -37,7 +37,7 @@ from ..experiments import int_list, torch_threads, write_csv
 from ..reach import unreachable
 from .bench_all import (_done, _settings, contestants, read_rows, reading_segment, train_arm,
                         write_decisions)
-from .recall import plan_lengths, point_row
+from .recall import arm_line, length_panels, plan_lengths, point_row, save_figure
 
 __all__ = ["bits_by_context", "read_blocks", "CONTEXT_COLUMNS", "bench_context",
            "context_gains", "plot_context"]
@@ -222,16 +222,8 @@ def plot_context(rows: list[dict], path) -> Path:
     (bytes, log scale), a line per contestant (mean of its seeds, bars: half their range), a
     panel per training length; a filled marker where the context is within the model's reach,
     a hollow one where it is partly or wholly out of it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lengths = sorted({int(r["length"]) for r in rows})
-    arms = list(dict.fromkeys(r["arm"] for r in rows))
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.6), dpi=72,
-                             sharey=True, squeeze=False)
-    for ax, length in zip(axes[0], lengths):
+    plt, fig, axes, lengths, arms = length_panels(rows, "bench_context")
+    for ax, length in zip(axes, lengths):
         for i, arm in enumerate(arms):
             by: dict[int, list[float]] = {}
             mark: dict[int, str] = {}
@@ -239,22 +231,10 @@ def plot_context(rows: list[dict], path) -> Path:
                 if r["arm"] == arm and int(r["length"]) == length:
                     by.setdefault(int(r["context"]), []).append(float(r["bpc"]))
                     mark[int(r["context"])] = r["reachable"]
-            xs = sorted(by)
-            means = [sum(by[c]) / len(by[c]) for c in xs]
-            half = [(max(by[c]) - min(by[c])) / 2 for c in xs]
-            colour = f"C{i}"
-            ax.errorbar(xs, means, yerr=half, color=colour, capsize=2, lw=1, label=arm)
-            for c, m in zip(xs, means):
-                inside = mark[c] == "yes"
-                ax.plot([c], [m], "o", ms=4, color=colour,
-                        markerfacecolor=colour if inside else "white")
+            arm_line(ax, sorted(by), by, mark, f"C{i}", arm)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context read (bytes)")
         ax.set_title(f"trained at {length} bytes", fontsize=9)
-    axes[0][0].set_ylabel("held-out bpc")
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
-    return path
+    axes[0].set_ylabel("held-out bpc")
+    axes[0].legend(fontsize=7, ncol=2)
+    return save_figure(plt, fig, path)

@@ -362,12 +362,12 @@ def band_reach(low: int, high: int, most: int | None, segment: int, far: dict) -
     return _reachable(high, most, segment, far)
 
 
-def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
-    """A figure of bench_recall's rows at `path`: accuracy against the distance to the
-    answer's source (each band at the geometric middle of its distances, log scale), a line
-    per contestant (mean of its seeds, bars: half their range), a panel per length; a filled
-    marker where the band is in the model's reach (marked before training), a hollow one
-    where it is partly or wholly out of it; chance (1 in 26) and the control's bar drawn."""
+def length_panels(rows: list[dict], what: str):
+    """(pyplot, figure, axes, lengths, arms): the figure a bench at length draws, a panel per
+    length of `rows` side by side (one y axis), the contestants in the order they ran;
+    refuses no rows, naming `what` should have written them."""
+    if not rows:
+        raise ValueError(f"no rows to draw: {what} wrote none")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -377,7 +377,39 @@ def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.6), dpi=72,
                              sharey=True, squeeze=False)
-    for ax, length in zip(axes[0], lengths):
+    return plt, fig, axes[0], lengths, arms
+
+
+def arm_line(ax, xs: list, by: dict, mark: dict, colour: str, label: str) -> None:
+    """One contestant's line on `ax`: at each x, the mean of its seeds' values `by[x]` (bars:
+    half their range), its marker filled where `mark[x]` is 'yes' (in reach, marked before
+    training), hollow where the point is partly or wholly out of reach."""
+    means = [sum(by[x]) / len(by[x]) for x in xs]
+    half = [(max(by[x]) - min(by[x])) / 2 for x in xs]
+    ax.errorbar(xs, means, yerr=half, color=colour, capsize=2, lw=1, label=label)
+    for x, m in zip(xs, means):
+        ax.plot([x], [m], "o", ms=4, color=colour,
+                markerfacecolor=colour if mark[x] == "yes" else "white")
+
+
+def save_figure(plt, fig, path) -> Path:
+    """`fig` laid out and written to `path` (no software stamp, so a rerun writes the same
+    bytes), then closed."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+    return path
+
+
+def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
+    """A figure of bench_recall's rows at `path`: accuracy against the distance to the
+    answer's source (each band at the geometric middle of its distances, log scale), a line
+    per contestant (mean of its seeds, bars: half their range), a panel per length; a filled
+    marker where the band is in the model's reach (marked before training), a hollow one
+    where it is partly or wholly out of it; chance (1 in 26) and the control's bar drawn."""
+    plt, fig, axes, lengths, arms = length_panels(rows, "bench_recall")
+    for ax, length in zip(axes, lengths):
         here = [r for r in rows if int(r["length"]) == length]
         middle = {r["band"]: (int(r["low"]) * int(r["high"])) ** 0.5 for r in here}
         for i, arm in enumerate(arms):
@@ -385,19 +417,10 @@ def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
             mark: dict[str, str] = {}
             for r in here:
                 if r["arm"] == arm and r["accuracy"] not in (None, ""):
-                    by.setdefault(r["band"], []).append(float(r["accuracy"]))
-                    mark[r["band"]] = r["reachable"]
-            bands = sorted(by, key=middle.get)
-            if not bands:
-                continue
-            xs = [middle[b] for b in bands]
-            means = [sum(by[b]) / len(by[b]) for b in bands]
-            half = [(max(by[b]) - min(by[b])) / 2 for b in bands]
-            colour = f"C{i}"
-            ax.errorbar(xs, means, yerr=half, color=colour, capsize=2, lw=1, label=arm)
-            for x, m, b in zip(xs, means, bands):
-                ax.plot([x], [m], "o", ms=4, color=colour,
-                        markerfacecolor=colour if mark[b] == "yes" else "white")
+                    by.setdefault(middle[r["band"]], []).append(float(r["accuracy"]))
+                    mark[middle[r["band"]]] = r["reachable"]
+            if by:
+                arm_line(ax, sorted(by), by, mark, f"C{i}", arm)
         bands = sorted(middle, key=middle.get)
         ax.set_xscale("log")
         ax.set_xticks([middle[b] for b in bands], bands, fontsize=7)
@@ -406,15 +429,12 @@ def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
         ax.axhline(control_accuracy, color="gray", lw=0.8, ls="--")
         ax.set_xlabel("distance to the answer's source (bytes)")
         ax.set_title(f"windows (or segments) of {length} bytes", fontsize=9)
-    axes[0][0].set_ylabel("accuracy on the answers")
-    axes[0][0].set_ylim(0, 1.02)
-    axes[0][0].text(axes[0][0].get_xlim()[0], 1 / VALUES + 0.02, " chance (1 in 26)",
-                    fontsize=7, color="gray")
-    axes[0][0].text(axes[0][0].get_xlim()[0], control_accuracy - 0.07, " control's bar",
-                    fontsize=7, color="gray")
-    axes[0][0].legend(fontsize=7, ncol=2, loc="center right")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
-    return path
+    first = axes[0]
+    first.set_ylabel("accuracy on the answers")
+    first.set_ylim(0, 1.02)
+    first.text(first.get_xlim()[0], 1 / VALUES + 0.02, " chance (1 in 26)", fontsize=7,
+               color="gray")
+    first.text(first.get_xlim()[0], control_accuracy - 0.07, " control's bar", fontsize=7,
+               color="gray")
+    first.legend(fontsize=7, ncol=2, loc="center right")
+    return save_figure(plt, fig, path)
