@@ -37,8 +37,17 @@ from .data import OrderedStreams, RandomWindows
 from .evaluation import PROTOCOLS
 from .options import Option, flag
 
-__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "with_overrides", "not_for",
-           "TINY_TRAIN", "SMALL_TRAIN", "count_weights", "window_reach"]
+__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "with_overrides",
+           "not_for", "TINY_TRAIN", "SMALL_TRAIN", "count_weights", "window_reach"]
+
+
+# How a kind's FLOPs are counted. 'kernel': what minixl's implementation computes, the
+# masked half of a causal attention included (the PaLM convention, the count the bench has
+# planned with so far). 'causal': what a causal model needs, each query charged only the keys
+# it may read: on average (T + 1) / 2 of a window of T, M + (T + 1) / 2 with a memory of M;
+# a kind whose count already charges only what it reads (the tree's causal edges), or whose
+# masks are not causal (XLNet's factorisation orders), has one count for both.
+FLOP_POLICIES = ("kernel", "causal")
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,9 @@ class ModelKind:
     objective: Objective | None = None  # None: the trainer's next-byte loss at every position
     no_decay: tuple[str, ...] = ()  # parameter names (the last part) weight decay leaves alone
     flops: Callable[[nn.Module], float] | None = None  # training FLOPs per token (None: 6N)
+    # the same count under the causal policy (FLOP_POLICIES): what a causal model needs, not
+    # what the kernel computes; None: the same as `flops` (a kind with no masked work to skip)
+    causal_flops: Callable[[nn.Module], float] | None = None
     # bytes one forward and backward pass needs, from (model config, rows in the pass), known
     # before anything is built: a run that would need more than its device has is refused
     # with the estimate (minixl.launch.check_memory). None: not estimated (nothing refused)
@@ -248,19 +260,27 @@ class ModelKind:
         source = _streams if self.reads_streams(model_cfg) else RandomWindows
         return source(data, batch_size, length, seed=seed)
 
-    def flops_per_token(self, model: nn.Module) -> float:
-        """Training FLOPs per token: the kind's own count, else 6 per weight (2 forward,
-        4 backward), the usual estimate that leaves attention out."""
+    def flops_per_token(self, model: nn.Module, policy: str = "kernel") -> float:
+        """Training FLOPs per token under `policy` (FLOP_POLICIES): the kind's own count
+        (`flops`, or `causal_flops` under 'causal' where the kind has one), else 6 per weight
+        (2 forward, 4 backward), the usual estimate that leaves attention out."""
+        if policy not in FLOP_POLICIES:
+            raise ValueError(f"unknown FLOP policy {policy!r}: expected one of "
+                             f"{', '.join(FLOP_POLICIES)}")
+        if policy == "causal" and self.causal_flops is not None:
+            return self.causal_flops(model)
         if self.flops is not None:
             return self.flops(model)
         return 6.0 * sum(p.numel() for p in model.parameters())
 
-    def training_flops_per_token(self, model: nn.Module, objective=None) -> float:
-        """flops_per_token plus what the objective it trains with adds (its Objective.flops)."""
+    def training_flops_per_token(self, model: nn.Module, objective=None,
+                                 policy: str = "kernel") -> float:
+        """flops_per_token plus what the objective it trains with adds (its Objective.flops,
+        the same under either policy: it masks nothing)."""
         extra = 0.0
         if objective is not None and self.objective and self.objective.flops:
             extra = self.objective.flops(model, objective)
-        return self.flops_per_token(model) + extra
+        return self.flops_per_token(model, policy) + extra
 
     def flops_note(self) -> str:
         """What the FLOP count counts, in a line: the first sentence of its docstring."""

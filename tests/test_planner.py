@@ -67,6 +67,63 @@ def test_the_counts_for_two_kinds_by_hand():
         assert plan[arm].flops_per_byte == pytest.approx(flops, rel=1e-12)
 
 
+def _tiny(kind_name: str, **fields):
+    kind = KINDS[kind_name]
+    torch.manual_seed(0)
+    return kind, kind.build(kind.config(**{**kind.presets["tiny"].model, **fields}))
+
+
+@pytest.mark.parametrize("kind_name,fields", [("char", {}), ("shaw", {}), ("xl", {}),
+                                              ("segtree", {}), ("segtree", {"rule": "bpt"}),
+                                              ("xlnet", {})])
+def test_the_causal_policy_charges_each_query_the_keys_its_mask_lets_it_read(kind_name,
+                                                                               fields):
+    """Under 'causal', a dense layer's scores and weighted sums (12 C a key, per layer; XL's
+    three products, 18 H D) are charged for the (query, key) pairs that minixl's own causal
+    mask keeps, and Shaw's relative terms for the distinct clipped distances those pairs
+    meet; the weights cost the same under both policies. The tree's count is of its causal
+    edges already and XLNet's masks are factorisation orders, not a causal half: one count."""
+    from minixl.char_transformer import causal_mask
+
+    kind, model = _tiny(kind_name, **fields)
+    c = model.config
+    kernel, causal = kind.flops_per_token(model), kind.flops_per_token(model, "causal")
+    assert kernel == kind.flops_per_token(model, "kernel")
+    if kind_name in ("char", "shaw"):
+        T, L, C = c.block_size, c.n_layer, c.d_model
+        kept = causal_mask(T)
+        saved = 12 * L * C * (T - kept.sum().item() / T)
+        if kind_name == "shaw":
+            K = c.max_relative
+            i, j = kept.nonzero().unbind(1)
+            met = len(set((j - i).clamp(-K, K).tolist()))
+            saved += 12 * L * C * (2 * K + 1 - met)
+            assert met == K + 1
+        assert kernel - causal == pytest.approx(saved, rel=1e-12)
+    elif kind_name == "xl":
+        T, M = c.tgt_len, c.mem_len
+        kept = causal_mask(T, T + M).sum().item() / T  # keys a query reads, on average
+        assert kernel - causal == pytest.approx(
+            18 * c.n_layer * c.n_head * c.d_head * (T + M - kept), rel=1e-12)
+    else:
+        assert causal == kernel
+    if kind_name != "segtree" and kind_name != "xlnet":
+        assert causal < kernel
+
+
+def test_the_causal_policy_keeps_the_objectives_flops_and_refuses_an_unknown_policy():
+    kind, model = _tiny("char")
+    objective = kind.build_objective(model.config, {"aux_losses": "positions,layers,targets",
+                                                    "aux_targets": 1})
+    extra = kind.training_flops_per_token(model, objective) - kind.flops_per_token(model)
+    assert extra > 0
+    assert kind.training_flops_per_token(model, objective, "causal") == pytest.approx(
+        kind.flops_per_token(model, "causal") + extra, rel=1e-12)
+    with pytest.raises(ValueError, match="unknown FLOP policy 'half': expected one of "
+                                         "kernel, causal"):
+        kind.flops_per_token(model, "half")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arm", sorted(BOOK_ARMS))
 def test_the_flops_per_byte_are_what_torch_counts(plan, arm):

@@ -89,6 +89,15 @@ def char_flops(model: nn.Module) -> float:
     return 6 * n_matmul + 12 * c.n_layer * c.block_size * c.d_model
 
 
+def char_causal_flops(model: nn.Module) -> float:
+    """Training FLOPs per token, causal policy: char_flops with each query charged only the
+    keys it may read, (T + 1) / 2 of the window's T on average, so 6 L (T + 1) C for the
+    attention scores and weighted sums."""
+    c = model.config
+    return char_flops(model) - 12 * c.n_layer * c.block_size * c.d_model + (
+        6 * c.n_layer * (c.block_size + 1) * c.d_model)
+
+
 CHAR_PRESETS = {
     "tiny": Preset(dict(n_layer=4, d_model=128, n_head=4, d_inner=512, block_size=128), TINY_TRAIN),
     "small": Preset(dict(n_layer=8, d_model=256, n_head=8, d_inner=1024, block_size=256), SMALL_TRAIN),
@@ -115,7 +124,7 @@ CHAR = ModelKind(
     "char", "Chapter 1's CharTransformer, trained on random windows",
     CharTransformerConfig, CharTransformer, "block_size", CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
-    flops=char_flops, field_help=CHAR_FIELD_HELP, reach=window_reach, cpu_bf16=True,
+    flops=char_flops, causal_flops=char_causal_flops, field_help=CHAR_FIELD_HELP, reach=window_reach, cpu_bf16=True,
     bench={"char": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 1's dense model, the next-byte loss at every position"),
            "char+aux": BenchArm(objective=dict(aux_losses="positions,layers,targets",

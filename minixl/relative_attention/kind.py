@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from ..aux_losses.kind import AUX_OBJECTIVE, CHAR_FIELD_HELP, CHAR_PRESETS, char_flops
+from ..aux_losses.kind import (AUX_OBJECTIVE, CHAR_FIELD_HELP, CHAR_PRESETS, char_causal_flops,
+                               char_flops)
 from ..char_transformer import CharTransformer, CharTransformerConfig
 from ..model_kind import BenchArm, ModelKind, window_reach
 from . import shaw_factory
@@ -43,13 +44,22 @@ def _shaw_flops(model: nn.Module) -> float:
             + 12 * c.n_layer * (2 * c.max_relative + 1) * c.d_model)
 
 
+def _shaw_causal_flops(model: nn.Module) -> float:
+    """Training FLOPs per token, causal policy: Chapter 1's causal count, and Shaw's relative
+    terms against the K + 1 offsets a causal query can meet (distances 0 to K back; the K
+    forward ones are masked), 12 L (K + 1) C."""
+    c = model.config
+    return (_shaw_flops(model) - char_flops(model) + char_causal_flops(model)
+            - 12 * c.n_layer * c.max_relative * c.d_model)
+
+
 SHAW = ModelKind(
     "shaw", "Chapter 1's model with Chapter 3's relative attention (--max-relative)",
     ShawConfig, lambda c: CharTransformer(c, attention=shaw_factory(c.max_relative)),
     "block_size", {n: p for n, p in CHAR_PRESETS.items() if not p.paper},
     objective=AUX_OBJECTIVE,
     no_decay=("w_k", "w_v"),  # relative positions a^K, a^V, one row per clipped distance
-    flops=_shaw_flops, reach=window_reach,
+    flops=_shaw_flops, causal_flops=_shaw_causal_flops, reach=window_reach,
     field_help=CHAR_FIELD_HELP | {"max_relative": "the clipping distance K of relative attention"},
     bench={"shaw": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 3's relative attention, no absolute positions")})

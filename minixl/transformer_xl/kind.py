@@ -46,6 +46,14 @@ def _xl_flops(model: nn.Module) -> float:
             + 18 * c.n_layer * Tk * c.n_head * c.d_head)
 
 
+def _xl_causal_flops(model: nn.Module) -> float:
+    """Training FLOPs per token, causal policy: _xl_flops with each query charged only the keys
+    it may read, the memory's M and (T + 1) / 2 of the segment's T on average, so
+    18 L (M + (T + 1) / 2) (H D) for the three score and sum products."""
+    c = model.config
+    return _xl_flops(model) - 18 * c.n_layer * (c.tgt_len - 1) / 2 * c.n_head * c.d_head
+
+
 _XL_BASE = Preset(
     dict(n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, tgt_len=512, mem_len=512,
          dropout=0.1),
@@ -71,7 +79,7 @@ XL = ModelKind(
     TransformerXLConfig, TransformerXL, "tgt_len", _XL_PRESETS, streams=True,
     protocols=("memory", "all-positions", "sliding"),
     no_decay=("r_w_bias", "r_r_bias"),  # the global content and position biases u, v [H, D]
-    flops=_xl_flops, eval_overrides=("tgt_len", "mem_len", "clamp_len"),
+    flops=_xl_flops, causal_flops=_xl_causal_flops, eval_overrides=("tgt_len", "mem_len", "clamp_len"),
     reach=lambda c: memory_reach(c.tgt_len, c.mem_len, c.n_layer),
     bench={"xl": BenchArm(per_length=("mem_len",),
                           help="Chapter 4's Transformer-XL on ordered streams, a memory as long "
