@@ -41,12 +41,14 @@ __all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "wit
            "not_for", "TINY_TRAIN", "SMALL_TRAIN", "count_weights", "window_reach"]
 
 
-# How a kind's FLOPs are counted. 'kernel': what minixl's implementation computes, the
-# masked half of a causal attention included (the PaLM convention, the count the bench has
-# planned with so far). 'causal': what a causal model needs, each query charged only the keys
-# it may read: on average (T + 1) / 2 of a window of T, M + (T + 1) / 2 with a memory of M;
-# a kind whose count already charges only what it reads (the tree's causal edges), or whose
-# masks are not causal (XLNet's factorisation orders), has one count for both.
+# How a kind's FLOPs are counted. 'kernel': what an eager attention kernel computes, the
+# masked half of a causal window included (the PaLM convention, the count the bench has
+# planned with so far; a fused causal kernel skips most masked blocks, so for it this count is
+# high). 'causal': what a causal model needs, each query charged only the keys it may read:
+# on average (T + 1) / 2 of a window of T, M + (T + 1) / 2 with a memory of M (Shaw's
+# relative terms: the K + 1 offsets 0 to K back, each computed for every query). The tree's
+# count already charges only its causal edges, and XLNet's masks follow factorisation orders,
+# not a causal half (its count has no causal variant yet): one count for both.
 FLOP_POLICIES = ("kernel", "causal")
 
 

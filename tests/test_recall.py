@@ -350,11 +350,13 @@ def test_a_guess_s_noise_bar_lies_on_the_side_of_chance_that_counts_as_better():
     # and 1.02 sd below it over 25 (sd 0.098): learned in the first case only
     assert pick({"a": [0.5, 0.5], "b": [0.9, 0.9]}, True, 100) == "a"
     assert pick({"a": [0.5, 0.5], "b": [0.9, 0.9]}, True, 25).startswith(
-        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.404")
+        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.404 takes "
+        "two standard deviations of a guess over 25 answers)")
     # higher is better: the mirror image
     assert pick({"a": [0.7, 0.7], "b": [0.1, 0.1]}, False, 100) == "a"
     assert pick({"a": [0.7, 0.7], "b": [0.1, 0.1]}, False, 25).startswith(
-        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.796")
+        "none learned it (the best, a, is no better than chance, 0.600; the bar 0.796 adds "
+        "two standard deviations of a guess over 25 answers)")
 
 
 def test_the_recall_rows_name_what_they_lack_and_the_control_the_run_stored():

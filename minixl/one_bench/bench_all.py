@@ -445,8 +445,8 @@ def _pick(values: dict[str, list[float]], *, lower: bool, what: str, unit: str,
     if chance is not None and cases:
         sd = (chance * (1 - chance) / cases) ** 0.5
         bar = chance - 2 * sd if lower else chance + 2 * sd
-        noise = (f"; the bar {bar:.3f} adds two standard deviations of a guess over {cases} "
-                 "answers")
+        noise = (f"; the bar {bar:.3f} {'takes' if lower else 'adds'} two standard deviations "
+                 f"of a guess over {cases} answers")
     if chance is not None and not (worst[best] < bar if lower else worst[best] > bar):
         row["choice"] = f"none learned it (the best, {best}, is no better than chance, " \
                         f"{chance:.3f}{noise})"

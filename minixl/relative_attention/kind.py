@@ -47,7 +47,9 @@ def _shaw_flops(model: nn.Module) -> float:
 def _shaw_causal_flops(model: nn.Module) -> float:
     """Training FLOPs per token, causal policy: Chapter 1's causal count, and Shaw's relative
     terms against the K + 1 offsets a causal query can meet (distances 0 to K back; the K
-    forward ones are masked), 12 L (K + 1) C."""
+    forward ones are masked), 12 L (K + 1) C: per distance, as minixl computes them, each of
+    the K + 1 for every query, though a query fewer than K bytes into its window meets fewer
+    of them."""
     c = model.config
     return (_shaw_flops(model) - char_flops(model) + char_causal_flops(model)
             - 12 * c.n_layer * c.max_relative * c.d_model)
