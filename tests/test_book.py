@@ -121,7 +121,7 @@ def test_calibrated_budget_passes_a_tiny_notebook_and_catches_an_over_budget_one
     one = dict(OMP_NUM_THREADS="1")
     r = nbval(tmp_path, None, **one)
     assert r.returncode == 0, r.stdout
-    # a calibration before the notebook and one after it; the budget is units x their mean
+    # a calibration before the notebook and one after it; the budget is units x their median
     found = re.search(r"(\d+) x calibration \(([\d.]+) s, ([\d.]+) s\)", r.stdout)
     assert found, r.stdout
     units = runpy.run_path(str(conftest))["BUDGET_UNITS"]
@@ -137,6 +137,21 @@ def test_calibrated_budget_passes_a_tiny_notebook_and_catches_an_over_budget_one
     over = nbval(tmp_path, None, **one)
     assert over.returncode == 1 and "OVER BUDGET" in over.stdout
     assert "0 x calibration" in over.stdout
+
+
+def test_every_chapter_budget_is_the_median_calibration_of_the_run(monkeypatch):
+    monkeypatch.delenv("MINIXL_CHAPTER_BUDGET_S", raising=False)
+    plugin = runpy.run_path(str(ROOT / "nbs" / "conftest.py"))
+    units, budget = plugin["BUDGET_UNITS"], plugin["budget_s"]
+    # the shape of a CI run: two fast samples beside one chapter, the rest slower
+    plugin["_calib"].extend([("a.ipynb", 3.6), ("b.ipynb", 2.6), ("c.ipynb", 2.8),
+                             ("d.ipynb", 3.3), (None, 3.2)])
+    assert budget("b.ipynb") == pytest.approx(units * 3.2)  # not units x 2.7, its neighbours'
+    assert budget("a.ipynb") == budget("d.ipynb")
+    plugin["_calib"].append((None, 100.0))  # one wild sample moves the median a step only
+    assert budget("b.ipynb") == pytest.approx(units * 3.25)
+    with pytest.raises(KeyError, match="never calibrated"):
+        budget("e.ipynb")
 
 
 @pytest.mark.parametrize("nb", sorted((ROOT / "nbs").glob("*.ipynb")), ids=lambda p: p.name)
