@@ -43,11 +43,15 @@ lab: $(STAMP) ## open the book in JupyterLab
 check: $(STAMP) ## pairs in sync, minixl up to date with the chapters, quoted numbers as stored
 	$(PY) -m tools.book check
 
+# The tests run in TEST_WORKERS processes (pytest-xdist; most slow tests wait on
+# subprocesses, so two share two cores well: 20 -> 14 minutes here); the notebooks run
+# alone, one after another, as their time budget assumes.
+TEST_WORKERS ?= 2
 test: check ## every check: pytest, and notebooks match their stored outputs in budget
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
 
-test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (about 30 s)
+test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (about 90 s on two cores)
 	$(PY) -m pytest -q -m "not slow" --durations=5 tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)
