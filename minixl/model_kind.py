@@ -284,11 +284,13 @@ class ModelKind:
             extra = self.objective.flops(model, objective)
         return self.flops_per_token(model, policy) + extra
 
-    def flops_note(self) -> str:
-        """What the FLOP count counts, in a line: the first sentence of its docstring."""
-        doc = (self.flops.__doc__ or "").strip() if self.flops else ""
+    def flops_note(self, policy: str = "kernel") -> str:
+        """What the FLOP count under `policy` counts, in a line: the first sentence of its
+        docstring (`causal_flops`'s under 'causal', where the kind has one)."""
+        count = self.causal_flops if policy == "causal" and self.causal_flops else self.flops
+        doc = (count.__doc__ or "").strip() if count else ""
         if not doc:
-            return "6 per weight, attention left out" if self.flops is None else "its own count"
+            return "6 per weight, attention left out" if count is None else "its own count"
         first = " ".join(doc.split()).split(". ")[0].rstrip(".")
         return first.removeprefix("Training FLOPs per token: ")
 

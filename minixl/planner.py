@@ -12,6 +12,8 @@ its defaults), so nothing here names a model. For each arm `plan_bench`
   d_model / n_head) whose parameter count, the model's and its objective's, is nearest the
   target, and the depth too when no width at the preset's depth comes within 10 %;
 - counts training FLOPs per byte with the kind's own count (`ModelKind.flops_per_token`)
+  under one FLOP policy for every arm (`FLOP_POLICIES`: 'kernel', the default, charges a
+  dense window's masked half too; 'causal' charges each query only the keys it may read)
   plus what its objective adds (`Objective.flops`), and picks the steps of batch_size x
   length bytes that come nearest the budget (`matched_steps`, Chapter 7.2);
 - says how far each match is off and why it cannot be exact.
@@ -27,10 +29,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .kinds import KINDS, kind_of
-from .model_kind import BenchArm, ModelKind
+from .model_kind import FLOP_POLICIES, BenchArm, ModelKind
 
 __all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
-           "arm_config", "sized_config", "count_arm", "at_length", "plan_arm", "plan_bench"]
+           "arm_config", "sized_config", "count_arm", "at_length", "plan_arm", "plan_bench",
+           "check_flop_policy", "policy_settings"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
@@ -64,6 +67,7 @@ class PlanRow:
     train_flops: float
     flops_off: float
     why: str
+    flop_policy: str = "kernel"  # how flops_per_byte was counted (FLOP_POLICIES)
 
     @property
     def matched(self) -> bool:
@@ -80,7 +84,10 @@ class PlanRow:
                 "params_off": round(self.params_off, 4),
                 "flops_per_byte": self.flops_per_byte, "steps": self.steps,
                 "train_flops": self.train_flops, "flops_off": round(self.flops_off, 4),
-                "matched": self.matched, "why": self.why}
+                "matched": self.matched, "why": self.why,
+                # named only when not the default, so that the stored kernel plans keep
+                # their columns; one plan has one policy, so its rows share their columns
+                **({} if self.flop_policy == "kernel" else {"flop_policy": self.flop_policy})}
 
 
 def bench_arms(kinds=None) -> dict[str, tuple[ModelKind, BenchArm]]:
@@ -130,24 +137,41 @@ def at_length(kind: ModelKind, arm: BenchArm, row: PlanRow,
               length: int) -> tuple[object, int, float]:
     """(config, parameters, training FLOPs per byte) of a planned contestant at another
     length: the arm's config at `length`, at the width and depth the planner chose for `row`
-    (what grows with the length, a position table, grows; a memory keeps its ratio to it)."""
+    (what grows with the length, a position table, grows; a memory keeps its ratio to it),
+    the FLOPs counted under the row's policy."""
     config = arm_config(kind, arm, length)
     if hasattr(config, "d_model") and hasattr(config, "n_layer"):
         config = sized_config(config, row.config.d_model, row.config.n_layer)
-    weights, flops = count_arm(kind, config, row.objective)
+    weights, flops = count_arm(kind, config, row.objective, policy=row.flop_policy)
     return config, weights, flops
 
 
-def count_arm(kind: ModelKind, config, objective_options: dict) -> tuple[int, float]:
-    """(parameters of the model and its objective, training FLOPs per byte), built on the
-    meta device."""
+def count_arm(kind: ModelKind, config, objective_options: dict, *,
+              policy: str = "kernel") -> tuple[int, float]:
+    """(parameters of the model and its objective, training FLOPs per byte under `policy`),
+    built on the meta device."""
     with torch.device("meta"):
         model = kind.build(config)
         objective = kind.build_objective(config, objective_options)
     weights = sum(p.numel() for p in model.parameters())
     if isinstance(objective, torch.nn.Module):
         weights += sum(p.numel() for p in objective.parameters())
-    return weights, kind.training_flops_per_token(model, objective)
+    return weights, kind.training_flops_per_token(model, objective, policy)
+
+
+def check_flop_policy(policy: str) -> None:
+    """A ValueError naming the policies unless `policy` is one of FLOP_POLICIES."""
+    if policy not in FLOP_POLICIES:
+        raise ValueError(f"unknown FLOP policy {policy!r}: expected one of "
+                         f"{', '.join(FLOP_POLICIES)}")
+
+
+def policy_settings(policy: str) -> dict:
+    """What a bench stores of its FLOP policy in its settings: nothing for the default (the
+    stored kernel runs keep their settings and resume), else {"flop_policy": policy}, so that
+    a stopped run never resumes under the other policy."""
+    check_flop_policy(policy)
+    return {} if policy == "kernel" else {"flop_policy": policy}
 
 
 def _off(value: float, target: float) -> float:
@@ -155,8 +179,11 @@ def _off(value: float, target: float) -> float:
 
 
 def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params: int,
-             length: int, batch_size: int, objective: dict | None = None) -> PlanRow:
-    """One contestant's plan (see the module docstring)."""
+             length: int, batch_size: int, objective: dict | None = None,
+             flop_policy: str = "kernel") -> PlanRow:
+    """One contestant's plan (see the module docstring), its FLOPs counted under
+    `flop_policy`."""
+    check_flop_policy(flop_policy)
     options = kind.objective_options(kind.bench_preset(arm), {**arm.objective,
                                                              **(objective or {})})
     start = arm_config(kind, arm, length)
@@ -169,7 +196,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
             for m in range(1, (1 << 15) // start.n_head + 1):
                 config = sized_config(start, m * start.n_head, depth)
                 try:
-                    weights, flops = count_arm(kind, config, options)
+                    weights, flops = count_arm(kind, config, options, policy=flop_policy)
                 except ValueError as err:  # a width the kind refuses (too narrow, say)
                     refused = err
                     continue
@@ -198,7 +225,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
                          f"count is {weights:,}")
     else:
         config = start
-        weights, flops = count_arm(kind, config, options)
+        weights, flops = count_arm(kind, config, options, policy=flop_policy)
         notes.append("no d_model and n_head fields: its preset's size, not resized")
     per_step = flops * batch_size * length
     steps = matched_steps(budget, flops, batch_size=batch_size, length=length)
@@ -206,20 +233,24 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
         notes.append(f"one step is {per_step:.3g} FLOPs, {per_step / budget:.1%} of the "
                      f"budget: raise --budget")
     six_n = 6 * weights
-    notes.append(f"{flops / six_n:.2f} x 6N per byte ({kind.flops_note()})")
+    notes.append(f"{flops / six_n:.2f} x 6N per byte ({kind.flops_note(flop_policy)})")
     return PlanRow(name, kind.name, config, options, batch_size, length, weights,
                    _off(weights, params), flops, steps, steps * per_step,
-                   _off(steps * per_step, budget), "; ".join(notes))
+                   _off(steps * per_step, budget), "; ".join(notes), flop_policy)
 
 
 def plan_bench(*, budget: float, params: int, length: int, batch_size: int,
-               arms: dict[str, tuple[ModelKind, BenchArm]] | None = None) -> list[PlanRow]:
+               arms: dict[str, tuple[ModelKind, BenchArm]] | None = None,
+               flop_policy: str = "kernel") -> list[PlanRow]:
     """Every contestant's plan for one budget of training FLOPs and one parameter count, at
-    windows (or segments) of `length` bytes, batch_size of them a step."""
+    windows (or segments) of `length` bytes, batch_size of them a step, every arm's FLOPs
+    counted under one `flop_policy`."""
+    check_flop_policy(flop_policy)
     for value, what in ((budget, "budget"), (params, "params"), (length, "length"),
                         (batch_size, "batch_size")):
         if not value > 0:
             raise ValueError(f"{what} must be positive, got {value}")
     arms = bench_arms() if arms is None else arms
     return [plan_arm(name, kind, arm, budget=budget, params=params, length=length,
-                     batch_size=batch_size) for name, (kind, arm) in arms.items()]
+                     batch_size=batch_size, flop_policy=flop_policy)
+            for name, (kind, arm) in arms.items()]

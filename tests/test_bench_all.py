@@ -4,6 +4,7 @@ a run stopped by Ctrl-C goes on from the points it wrote and ends where an unsto
 does; a folder of another run is refused."""
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -380,3 +381,17 @@ def test_bench_rows_reads_a_stored_run_and_refuses_another_folder(tmp_path):
     assert {r["arm"] for r in stored["quality"]} == set(contestants())
     with pytest.raises(ValueError, match="neither quality.csv nor reach.csv"):
         bench_rows(tmp_path)
+
+
+def test_a_decision_table_of_runs_counted_under_two_flop_policies_is_refused(tmp_path):
+    from minixl.experiments import write_csv
+    from minixl.one_bench.bench_all import write_decisions
+
+    kernel = {"arm": "char", "settings": json.dumps({"lr": 0.002})}  # the default: not named
+    causal = {"arm": "char", "settings": json.dumps({"lr": 0.003, "flop_policy": "causal"})}
+    (tmp_path / "recall").mkdir()
+    write_csv([causal], tmp_path / "recall" / "recall.csv")
+    with pytest.raises(ValueError, match=r"counted training FLOPs under different policies "
+                                         r"\(causal, kernel\)"):
+        write_decisions(tmp_path, [kernel], [])
+    assert not (tmp_path / "decisions.md").exists()

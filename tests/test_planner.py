@@ -11,7 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from minixl.kinds import KINDS
 from minixl.model_kind import BenchArm
-from minixl.planner import FLOPS_TOLERANCE, PARAMS_TOLERANCE, bench_arms, plan_arm, plan_bench
+from minixl.planner import (FLOPS_TOLERANCE, PARAMS_TOLERANCE, at_length, bench_arms, plan_arm,
+                            plan_bench)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -122,6 +123,35 @@ def test_the_causal_policy_keeps_the_objectives_flops_and_refuses_an_unknown_pol
     with pytest.raises(ValueError, match="unknown FLOP policy 'half': expected one of "
                                          "kernel, causal"):
         kind.flops_per_token(model, "half")
+
+
+def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more_steps():
+    arms = {a: v for a, v in bench_arms().items() if a in ("char", "shaw", "xl", "segtree")}
+    kernel = {r.arm: r for r in plan_bench(**SETTING, arms=arms)}
+    causal = {r.arm: r for r in plan_bench(**SETTING, arms=arms, flop_policy="causal")}
+    for arm, r in causal.items():
+        kind = KINDS[r.kind]
+        with torch.device("meta"):
+            model = kind.build(r.config)
+            objective = kind.build_objective(r.config, r.objective)
+        assert r.config == kernel[arm].config  # the sizes do not depend on how FLOPs count
+        assert r.flops_per_byte == kind.training_flops_per_token(model, objective, "causal")
+        assert kernel[arm].flops_per_byte == kind.training_flops_per_token(model, objective)
+        assert r.matched and (r.flop_policy, kernel[arm].flop_policy) == ("causal", "kernel")
+        assert r.as_row()["flop_policy"] == "causal" and "flop_policy" not in kernel[arm].as_row()
+        assert kind.flops_note("causal") in r.why and kind.flops_note() in kernel[arm].why
+    assert "causal policy" in causal["shaw"].why and "causal" not in kernel["shaw"].why
+    for arm in ("char", "shaw", "xl"):  # the masked half no longer charged: more steps
+        assert causal[arm].flops_per_byte < kernel[arm].flops_per_byte
+        assert causal[arm].steps > kernel[arm].steps
+    assert causal["segtree"].steps == kernel["segtree"].steps  # its count was causal already
+    # a planned row carries its policy to other lengths
+    kind, arm = arms["shaw"]
+    assert at_length(kind, arm, causal["shaw"], 256)[2] < at_length(kind, arm, kernel["shaw"],
+                                                                    256)[2]
+    with pytest.raises(ValueError, match="unknown FLOP policy 'half': expected one of "
+                                         "kernel, causal"):
+        plan_bench(**SETTING, arms=arms, flop_policy="half")
 
 
 @pytest.mark.slow

@@ -489,6 +489,41 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert short.returncode == 2 and "each length must be at least 32 bytes, got 16" in short.stderr
     other = run("--lr", "1e-3")  # the folder holds a run of other settings: refused, named
     assert other.returncode == 2 and "delete its folder's recall.csv to start over" in other.stderr
+    causal = run("--flop-policy", "causal")  # nor does a kernel run go on under the causal count
+    assert causal.returncode == 2 and '"flop_policy": "causal"' in causal.stderr
+    assert "--flop-policy: invalid choice: 'half'" in run("--flop-policy", "half").stderr
+
+
+@pytest.mark.slow
+def test_a_run_under_the_causal_flop_policy_says_so_and_buys_a_dense_arm_more_steps(tmp_path):
+    import csv
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from minixl.one_bench.bench_all import contestants
+    from minixl.one_bench.recall import plan_lengths
+
+    out = tmp_path / "recall.csv"
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_recall", "--budget",
+                        "3e8", "--params", "20000", "--seeds", "0", "--models", "shaw",
+                        "--lengths", "32", "--shape-length", "32", "--distances", "8,16,64",
+                        "--batch-size", "4", "--train-bytes", "8192", "--eval-items", "50",
+                        "--flop-policy", "causal", "--csv", str(out)],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {json.loads(x["settings"])["flop_policy"] for x in rows} == {"causal"}
+    plan = {policy: plan_lengths(contestants("shaw"), [32], budget=3e8, params=20000,
+                                 batch_size=4, shape_length=32, flop_policy=policy)
+            for policy in ("kernel", "causal")}
+    steps = {policy: plan[policy]["shaw", 32].steps for policy in plan}
+    assert {int(x["steps"]) for x in rows} == {steps["causal"]}
+    assert steps["causal"] > steps["kernel"]  # the masked half of each window not charged
 
 
 @pytest.mark.slow  # the planner's width search: over 1.5 s

@@ -245,6 +245,10 @@ _CUDA_DEVICE = Option("device", str, "cpu", "cpu, cuda or cuda:N")
 # the benches of every mechanism (bench_all, bench_cost, bench_recall) share these
 _MODELS = Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
                  "(default: every registered kind's arms)")
+_FLOP_POLICY = Option("flop_policy", str, "kernel", "how every arm's training FLOPs are "
+                      "counted: kernel (a dense window's masked half charged too, what an eager "
+                      "kernel computes) or causal (each query charged only the keys it may read)",
+                      choices=("kernel", "causal"))
 _SHAPE_LENGTH = Option("shape_length", int, 256, "the length each contestant is sized at: its "
                        "width and depth then stay at every length")
 
@@ -504,7 +508,7 @@ register(Experiment(
      Option("eval_bytes", int, 32768, "held-out bytes read by both protocols"),
      Option("reach_eval", int, 200, "held-out reach records per seed"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
-     _CUDA_DEVICE, _THREADS,
+     _FLOP_POLICY, _CUDA_DEVICE, _THREADS,
      Option("reach_only", bool, False, "the reach task alone, no held-out text (a control "
             "of it at other distances, say); --csv then names a reach.csv in a folder of its "
             "own")),
@@ -563,7 +567,7 @@ register(Experiment(
      Option("control", str, "shaw", "the bench arm of the positive control (dense attention)"),
      Option("control_accuracy", float, 0.95, "the accuracy the control must reach in the "
             "nearest band, in every seed"),
-     _CUDA_DEVICE, _THREADS),
+     _FLOP_POLICY, _CUDA_DEVICE, _THREADS),
     ("arm", "length", "seed", "steps", "band", "cases", "accuracy", "bits", "reachable"),
     beside=True, measured=("train_seconds",)))
 
@@ -588,6 +592,6 @@ register(Experiment(
      Option("batch_bytes", int, 1024, "bytes a step at every length (batch_bytes // length "
             "windows or streams), every contestant"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant"),
-     _CUDA_DEVICE, _THREADS),
+     _FLOP_POLICY, _CUDA_DEVICE, _THREADS),
     ("arm", "length", "seed", "steps", "context", "bytes", "bpc", "reachable"),
     beside=True, measured=("train_seconds",)))

@@ -36,7 +36,7 @@ from ..data import load_corpus
 from ..evaluation import evaluate
 from ..experiments import int_list, torch_threads, write_csv
 from ..kinds import KINDS
-from ..planner import bench_arms, plan_bench
+from ..planner import bench_arms, plan_bench, policy_settings
 from ..plugins import kind_named
 from ..reach import LETTERS, distance_bands, reach_records, score_reach, unreachable
 from ..training import TrainConfig, train
@@ -213,12 +213,15 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
               distances: str = "16,64,256,1024,4096", batch_size: int = 8,
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
               csv: str = "book/bench/quality.csv", device: str = "cpu",
-              threads: int = 1, reach_only: bool = False) -> list[dict]:
+              threads: int = 1, reach_only: bool = False,
+              flop_policy: str = "kernel") -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
     length and the largest budget. reach_only: the reach task alone (a control of it, say,
     at other distances: its own folder, since the distances are part of the settings), `csv`
-    then names its reach.csv, and its rows are returned."""
+    then names its reach.csv, and its rows are returned. flop_policy: how every arm's
+    training FLOPs are counted (minixl.model_kind.FLOP_POLICIES)."""
+    policy = policy_settings(flop_policy)
     budget_list = _float_list(budgets, "budgets")
     length_list = int_list(lengths, "lengths", 2)
     distance_list = int_list(distances, "distances", 8)
@@ -236,7 +239,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     folder = quality_csv.parent
     settings = _settings(params=params, batch_size=batch_size,
                          eval_bytes=eval_bytes, reach_eval=reach_eval, lr=lr,
-                         distances=distance_list)
+                         distances=distance_list, **policy)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
     done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"])) for r in quality}
@@ -247,7 +250,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         for length in length_list:
             for budget in budget_list:
                 for r in plan_bench(budget=budget, params=params, length=length,
-                                    batch_size=batch_size, arms=arms):
+                                    batch_size=batch_size, arms=arms, flop_policy=flop_policy):
                     plans[r.arm, length, budget] = r
         planned = {(r["arm"], int(r["length"]), float(r["budget"])): r
                    for r in _done(folder / "plan.csv", settings)}
@@ -787,11 +790,20 @@ def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Pat
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
     CSVs), bench_cost's cost.csv beside them, bench_context's context/context.csv and
     bench_recall's recall/recall.csv below them, where there are; returns the markdown
-    file's path."""
+    file's path. Runs whose FLOPs were counted under different policies are refused: their
+    budgets are not the same FLOPs."""
     folder = Path(folder)
+    context = read_rows(folder / "context" / "context.csv")
+    recall = read_rows(folder / "recall" / "recall.csv")
+    policies = {json.loads(r["settings"]).get("flop_policy", "kernel")
+                for r in [*quality, *reach, *context, *recall] if r.get("settings")}
+    if len(policies) > 1:
+        raise ValueError(f"the runs in {folder} counted training FLOPs under different "
+                         f"policies ({', '.join(sorted(policies))}): one decision table cannot "
+                         f"compare their budgets; their rows are kept, run them again with one "
+                         f"--flop-policy")
     table = decisions(quality, reach, read_rows(folder / "cost.csv") or None,
-                      read_rows(folder / "context" / "context.csv") or None,
-                      read_rows(folder / "recall" / "recall.csv") or None)
+                      context or None, recall or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")

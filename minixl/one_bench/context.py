@@ -34,6 +34,7 @@ import torch
 
 from ..data import load_corpus
 from ..experiments import int_list, torch_threads, write_csv
+from ..planner import policy_settings
 from ..reach import unreachable
 from .bench_all import (_done, _settings, contestants, read_rows, reading_segment, train_arm,
                         write_decisions)
@@ -107,7 +108,7 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
                   contexts: str = "32,64,128,256,512,1024", block: int = 32,
                   targets: int = 2048, batch_bytes: int = 1024, lr: float = 2e-3,
                   csv: str = "book/bench/context/context.csv", device: str = "cpu",
-                  threads: int = 1) -> list[dict]:
+                  threads: int = 1, flop_policy: str = "kernel") -> list[dict]:
     """Text at length (see the module docstring): every contestant sized once, at
     `shape_length` and `params`, trained at each of `lengths` on the `pydoc` corpus with
     `budget` training FLOPs and `batch_bytes` bytes a step (batch_bytes // length windows or
@@ -118,7 +119,8 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
     its settings must match); what each doubling buys is printed at the end
     (`context_gains`). Where `csv` is FOLDER/context/context.csv and FOLDER holds a
     bench_all run (its quality.csv), FOLDER's decision table is written again with this
-    run's row, "long context on a small budget" (`write_decisions`)."""
+    run's row, "long context on a small budget" (`write_decisions`). flop_policy: how every
+    arm's training FLOPs are counted (minixl.model_kind.FLOP_POLICIES)."""
     length_list = int_list(lengths, "lengths", 2)
     context_list = sorted(set(int_list(contexts, "contexts", 1)))
     seed_list = int_list(seeds, "seeds", 0)
@@ -133,7 +135,7 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
     path = Path(csv)
     settings = _settings(budget=budget, params=params, batch_bytes=batch_bytes,
                          shape_length=shape_length, contexts=context_list, block=block,
-                         targets=targets, lr=lr)
+                         targets=targets, lr=lr, **policy_settings(flop_policy))
     rows = _done(path, settings, writer="bench_context", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
     points = [(a, n, s) for s in seed_list for n in length_list for a in arms]
@@ -148,7 +150,7 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
         for length in length_list:
             plans.update(plan_lengths(arms, [length], budget=budget, params=params,
                                       batch_size=batch_bytes // length,
-                                      shape_length=shape_length))
+                                      shape_length=shape_length, flop_policy=flop_policy))
         try:
             for name, length, seed in points:
                 if (name, length, seed) in done:

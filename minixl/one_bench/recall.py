@@ -49,7 +49,7 @@ import torch
 
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench
+from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench, policy_settings
 from ..reach import ReachRecords, score_reach, unreachable
 from .bench_all import (_done, _reachable, _settings, contestants, control_verdict,
                         read_left_to_right, read_rows, reading_segment, recall_need, train_arm,
@@ -215,14 +215,14 @@ RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", 
 
 
 def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size: int,
-                 shape_length: int) -> dict:
+                 shape_length: int, flop_policy: str = "kernel") -> dict:
     """{(arm, length): PlanRow}: each arm sized once by the planner, to `params` at
     `shape_length`, then kept at that width and depth at every length (what grows with the
     length, a position table, grows; a memory keeps its ratio to the length), with the steps
-    that `budget` buys at that length."""
+    that `budget` buys at that length, every count under `flop_policy`."""
     plans = {}
     for row in plan_bench(budget=budget, params=params, length=shape_length,
-                          batch_size=batch_size, arms=arms):
+                          batch_size=batch_size, arms=arms, flop_policy=flop_policy):
         kind, spec = arms[row.arm]
         for length in lengths:
             config, weights, flops = at_length(kind, spec, row, length)
@@ -247,7 +247,7 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
                  lr: float = 3e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
                  csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
-                 threads: int = 1) -> list[dict]:
+                 threads: int = 1, flop_policy: str = "kernel") -> list[dict]:
     """Recall at length (see the module docstring): one row per contestant, length, seed
     and band of distance, written to `csv` as each point is done (a stopped run resumes;
     its settings must match). Every contestant is planned at `params` parameters and
@@ -260,7 +260,9 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
     the nearest and farthest distance its queries can have). The control is the
     arm `control` (a dense attention model) in the nearest band, which lies inside every
     length's window; `control_verdict` reads it. Both the control and its bar are stored in
-    the rows' settings, so the decision table (`recall_judge`) judges the run by them."""
+    the rows' settings, so the decision table (`recall_judge`) judges the run by them.
+    flop_policy: how every arm's training FLOPs are counted (FLOP_POLICIES; stored in the
+    settings unless it is the default, 'kernel')."""
     length_list = int_list(lengths, "lengths", 2)
     distance_list = sorted(set(int_list(distances, "distances", 1)))
     seed_list = int_list(seeds, "seeds", 0)
@@ -294,7 +296,8 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
     settings = _settings(budget=budget, params=params, batch_size=batch_size,
                          shape_length=shape_length, train_bytes=train_bytes,
                          eval_items=eval_items, lr=lr, edges=distance_list, near=near,
-                         control=control, control_accuracy=control_accuracy)
+                         control=control, control_accuracy=control_accuracy,
+                         **policy_settings(flop_policy))
     rows = _done(path, settings, writer="bench_recall", files=path.name)
     done = {(r["arm"], int(r["length"]), int(r["seed"])) for r in rows}
     bands = recall_bands(distance_list, KEY + 2)
@@ -302,7 +305,8 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
     count = sum(p in done for p in points)
     with torch_threads(threads):
         plans = plan_lengths(arms, length_list, budget=budget, params=params,
-                             batch_size=batch_size, shape_length=shape_length)
+                             batch_size=batch_size, shape_length=shape_length,
+                             flop_policy=flop_policy)
         stream = recall_records(items, distance_list, key=KEY, seed=0, edges=True, near=near)
         for name, length, seed in points:
             if (name, length, seed) in done:
