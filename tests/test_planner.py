@@ -159,7 +159,7 @@ def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more
 def test_the_flops_per_byte_are_what_torch_counts(plan, arm):
     """Each arm's count against torch's count of one training step's matrix products (the
     fused attention kernel replaced by its plain form, which torch can count; XL with its
-    memory full; the auxiliary losses averaged over the run's progress): within 5 %."""
+    memory full; the auxiliary losses averaged over the run's progress): within 4 %."""
     r = plan[arm]
     kind = KINDS[r.kind]
     torch.manual_seed(0)
@@ -185,7 +185,7 @@ def test_the_flops_per_byte_are_what_torch_counts(plan, arm):
             loss.backward()
         total += counter.get_total_flops()
     counted = total / len(progress) / x.numel()
-    assert abs(r.flops_per_byte / counted - 1) < 0.05, (r.flops_per_byte, counted)
+    assert abs(r.flops_per_byte / counted - 1) < 0.04, (r.flops_per_byte, counted)
 
 
 def test_a_budget_too_small_for_one_match_says_so():
