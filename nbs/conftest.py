@@ -13,7 +13,7 @@ Why the median of the whole run, not the calibrations beside the chapter: a cali
 takes three seconds and a chapter four minutes, so the two beside a chapter say little
 about the speed the chapter met. On a shared CI machine they have swung by 40 % within
 one run (2.64 s to 3.67 s), and a chapter that was 9 % over a budget set by the two
-fastest was 8 % under the median's. The median of nine is moved by no single sample.
+fastest was 8 % under the median's. One wild sample moves the median only to a neighbour.
 
 MINIXL_CHAPTER_BUDGET_S sets a fixed budget in seconds instead.
 """
