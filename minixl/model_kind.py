@@ -37,8 +37,9 @@ from .data import OrderedStreams, RandomWindows
 from .evaluation import PROTOCOLS
 from .options import Option, flag
 
-__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "with_overrides",
-           "not_for", "TINY_TRAIN", "SMALL_TRAIN", "count_weights", "window_reach"]
+__all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "check_flop_policy",
+           "with_overrides", "not_for", "TINY_TRAIN", "SMALL_TRAIN", "count_weights",
+           "window_reach"]
 
 
 # How a kind's FLOPs are counted. 'kernel': what an eager attention kernel computes, the
@@ -50,6 +51,13 @@ __all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "wit
 # count already charges only its causal edges, and XLNet's masks follow factorisation orders,
 # not a causal half (its count has no causal variant yet): one count for both.
 FLOP_POLICIES = ("kernel", "causal")
+
+
+def check_flop_policy(policy: str) -> None:
+    """A ValueError naming the policies unless `policy` is one of FLOP_POLICIES."""
+    if policy not in FLOP_POLICIES:
+        raise ValueError(f"unknown FLOP policy {policy!r}: expected one of "
+                         f"{', '.join(FLOP_POLICIES)}")
 
 
 @dataclass(frozen=True)
@@ -266,9 +274,7 @@ class ModelKind:
         """Training FLOPs per token under `policy` (FLOP_POLICIES): the kind's own count
         (`flops`, or `causal_flops` under 'causal' where the kind has one), else 6 per weight
         (2 forward, 4 backward), the usual estimate that leaves attention out."""
-        if policy not in FLOP_POLICIES:
-            raise ValueError(f"unknown FLOP policy {policy!r}: expected one of "
-                             f"{', '.join(FLOP_POLICIES)}")
+        check_flop_policy(policy)
         if policy == "causal" and self.causal_flops is not None:
             return self.causal_flops(model)
         if self.flops is not None:

@@ -29,11 +29,11 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from .kinds import KINDS, kind_of
-from .model_kind import FLOP_POLICIES, BenchArm, ModelKind
+from .model_kind import BenchArm, ModelKind, check_flop_policy
 
 __all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
            "arm_config", "sized_config", "count_arm", "at_length", "plan_arm", "plan_bench",
-           "check_flop_policy", "policy_settings"]
+           "policy_settings"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
@@ -157,13 +157,6 @@ def count_arm(kind: ModelKind, config, objective_options: dict, *,
     if isinstance(objective, torch.nn.Module):
         weights += sum(p.numel() for p in objective.parameters())
     return weights, kind.training_flops_per_token(model, objective, policy)
-
-
-def check_flop_policy(policy: str) -> None:
-    """A ValueError naming the policies unless `policy` is one of FLOP_POLICIES."""
-    if policy not in FLOP_POLICIES:
-        raise ValueError(f"unknown FLOP policy {policy!r}: expected one of "
-                         f"{', '.join(FLOP_POLICIES)}")
 
 
 def policy_settings(policy: str) -> dict:

@@ -245,6 +245,8 @@ _CUDA_DEVICE = Option("device", str, "cpu", "cpu, cuda or cuda:N")
 # the benches of every mechanism (bench_all, bench_cost, bench_recall) share these
 _MODELS = Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
                  "(default: every registered kind's arms)")
+# the choices are minixl.model_kind.FLOP_POLICIES, spelled out: that module imports torch,
+# and this one loads without it
 _FLOP_POLICY = Option("flop_policy", str, "kernel", "how every arm's training FLOPs are "
                       "counted: kernel (a dense window's masked half charged too, what an eager "
                       "kernel computes) or causal (each query charged only the keys it may read)",
