@@ -83,8 +83,10 @@ def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reac
     assert marks["xl"] == "yes"  # 4 layers of memory reach 64 bytes back; a window of 32 not
     assert marks["char"] == "a prediction reads at most 32 bytes back (a window of 32 bytes)"
     table = _read(out / "decisions.csv")  # written from the CSVs at the end of the run
-    assert [r["need"] for r in table][:3] == ["best bpc at fixed compute",
+    assert [r["need"] for r in table][:4] == ["best bpc at fixed compute",
+                                              "best bpc at fixed training time",
                                               "long context on a small budget", "infilling"]
+    assert table[1]["reason"] == "no arm has training times at two budgets"  # one budget
     assert table[0]["choice"].startswith("no winner at this scale (one seed, no spread")
     assert "| need | measured on | use |" in (out / "decisions.md").read_text()
     [run] = _read(out / "runs.csv")  # what ran, how long, on what
@@ -308,7 +310,8 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
              _r("a", 0, 0.5, 64, "a prediction reads at most 32 bytes back"),
              _r("b", 0, 0.6, 64, "a prediction reads at most 32 bytes back")]
     table = {r["need"]: r for r in decisions(quality, reach)}
-    assert list(table)[:3] == list(NEEDS[:3])
+    assert list(table)[:4] == [NEEDS[0], NEEDS[6], NEEDS[1], NEEDS[2]]  # time beside compute
+    assert table[NEEDS[6]]["choice"] == "not measured"  # these rows hold no training times
     best = table["best bpc at fixed compute"]  # budget 1e9: a 2.01 against b 2.12
     assert best["choice"] == "a" and best["margin"] == pytest.approx(0.11)
     assert best["spread"] == pytest.approx(0.01 + 0.02) and best["runner_up"] == "b (2.120)"
@@ -316,7 +319,8 @@ def test_the_decision_table_names_a_winner_only_outside_the_seeds_spread():
     small = table["long context on a small budget"]  # one length: nothing to say
     assert small["choice"] == "not measured" and "one length only (32)" in small["reason"]
     longer = [dict(r, length="64") for r in quality if r["budget"] == "100000000.0"]
-    small = decisions(quality + longer, reach)[1]  # at 1e8, length 64: the ranges meet
+    small = {r["need"]: r for r in decisions(quality + longer, reach)}[NEEDS[1]]  # at 1e8,
+    # length 64: the ranges meet
     assert small["choice"].startswith("no winner at this scale (best a"), small
     assert table["infilling"]["choice"] == "only x measured"
     assert table["exact recall at a distance: 16 bytes"]["choice"] == "a"  # 0.85 against 0.15
@@ -350,7 +354,7 @@ def test_the_decision_table_says_which_contestants_its_rows_leave_out():
     table = {r["need"]: r for r in decisions(quality, reach)}
     recall = table["exact recall at a distance: 16 bytes"]
     assert recall["setting"].endswith(", 2 of 3 contestants (no c)"), recall
-    assert table["best bpc at fixed compute"]["setting"].endswith("read left to right")
+    assert table["best bpc at fixed compute"]["setting"].endswith("read left to right, FLOPs counted as kernel")
     short = [r for r in quality if not (r["arm"] == "b")]
     best = decisions(short, reach)[0]
     assert best["setting"].endswith(", 2 of 3 contestants (no b)"), best
@@ -383,15 +387,126 @@ def test_bench_rows_reads_a_stored_run_and_refuses_another_folder(tmp_path):
         bench_rows(tmp_path)
 
 
-def test_a_decision_table_of_runs_counted_under_two_flop_policies_is_refused(tmp_path):
-    from minixl.experiments import write_csv
-    from minixl.one_bench.bench_all import write_decisions
+def test_the_time_matched_reading_interpolates_in_log_time_and_names_who_it_leaves_out():
+    """Best bpc at fixed training time: each arm and seed read at the shortest time any arm
+    took at the largest budget, between its two budgets that bracket it, straight in log
+    time; an arm too slow to finish its smallest budget by then is left out and named; the
+    reason says whether fixed compute names the same arm."""
+    from minixl.one_bench.bench_all import NEEDS, _at_time, decisions
 
-    kernel = {"arm": "char", "settings": json.dumps({"lr": 0.002})}  # the default: not named
-    causal = {"arm": "char", "settings": json.dumps({"lr": 0.003, "flop_policy": "causal"})}
-    (tmp_path / "recall").mkdir()
-    write_csv([causal], tmp_path / "recall" / "recall.csv")
+    assert _at_time([(10, 3.0), (40, 2.0)], 20) == pytest.approx(2.5)  # halfway in log time
+    assert _at_time([(40, 2.0), (10, 3.0), (20, 2.8)], 10) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="outside"):
+        _at_time([(10, 3.0), (40, 2.0)], 50)
+
+    def q(arm, seed, budget, bpc, seconds):
+        return dict(_q(arm, seed, bpc, budget), train_seconds=str(seconds))
+
+    # fast: 10 s and 40 s for budgets 1e9 and 4e9; slow: 20 s and 80 s. Read at 40 s (the
+    # shortest at the largest budget): fast at its 4e9 point, slow halfway in log time
+    quality = []
+    for seed, d in ((0, 0.0), (1, 0.02)):
+        quality += [q("fast", seed, 1e9, 3.0 + d, 10), q("fast", seed, 4e9, 2.6 + d, 40),
+                    q("slow", seed, 1e9, 2.9 + d, 20), q("slow", seed, 4e9, 2.1 + d, 80),
+                    q("crawl", seed, 1e9, 3.5 + d, 50), q("crawl", seed, 4e9, 1.0 + d, 200)]
+    table = {r["need"]: r for r in decisions(quality, [])}
+    time = table[NEEDS[6]]
+    assert time["setting"].startswith("40.0 s of training each, as the run timed them, "
+                                      "length 32, 2 seeds")
+    assert time["choice"] == "slow" and time["runner_up"] == "fast (2.610)"
+    assert time["reason"].startswith("held-out 2.510 bpc; a run of that time would spend about "
+                                     "2.0e+09 FLOPs for slow, 4.0e+09 FLOPs for fast")
+    assert ("crawl left out: its smallest budget took 50.0 s and reads 3.510 bpc, worse in "
+            "every seed than every seed of the pick") in time["reason"]
+    assert table[NEEDS[0]]["choice"] == "crawl"  # 1.01 at 4e9 FLOPs: the most per FLOP
+    assert time["reason"].endswith("at fixed compute (4e+09 FLOPs) the best is crawl, left "
+                                   "out here")
+    # without crawl: slow is best at 4e9 FLOPs and at 40 s, the same
+    two = [r for r in quality if r["arm"] != "crawl"]
+    time = {r["need"]: r for r in decisions(two, [])}[NEEDS[6]]
+    assert time["choice"] == "slow" and time["reason"].endswith(
+        "at fixed compute (4e+09 FLOPs) the best is slow, the same")
+    # slow learns little from its smallest budget (3.3): at 40 s it reads 2.7, fast 2.6
+    late = [dict(r, common_bpc=str(float(r["common_bpc"]) + 0.4)) if r["arm"] == "slow"
+            and r["budget"] == "1000000000.0" else r for r in two]
+    time = {r["need"]: r for r in decisions(late, [])}[NEEDS[6]]
+    assert time["choice"] == "fast" and time["reason"].endswith(
+        "the best is slow: the readings disagree")
+    # a slow arm whose seeds meet the pick's at its smallest budget is not ruled out
+    better = [dict(r, common_bpc="2.0") if r["arm"] == "crawl" and r["budget"] == "1000000000.0"
+              else r for r in quality]
+    time = {r["need"]: r for r in decisions(better, [])}[NEEDS[6]]
+    assert time["choice"] == "slow (crawl not ruled out)"
+    assert "crawl left out: its smallest budget took 50.0 s and reads 2.000 bpc, not ruled " \
+           "out" in time["reason"]
+    # an arm timed at one budget only is named in the setting, and its seeds are not counted
+    once = [r for r in quality if not (r["arm"] == "fast" and r["budget"] == "1000000000.0")]
+    time = {r["need"]: r for r in decisions(once, [])}[NEEDS[6]]
+    assert time["setting"].endswith(", timed at one budget only (left out): fast")
+    assert "fast" not in time["runner_up"]
+
+
+def _run(ended, seconds, points):
+    return {"ended": ended, "seconds": str(seconds), "points_run": str(points)}
+
+
+def test_the_time_row_needs_runs_csv_to_show_every_arm_trained_alone():
+    """runs.csv (one row a process) must account for every training and show no two
+    processes at once, else no time is an arm's own and the row is not measured: a merged
+    run of processes side by side, a run stopped and resumed (the stopped process wrote no
+    row), a process with no time. Back-to-back processes, kept to the second, are alone."""
+    from minixl.one_bench.bench_all import NEEDS, _untimed, decisions
+
+    alone = [_run("2026-01-01 10:00:00", 60.0, 3), _run("2026-01-01 10:01:01", 61.0, 3)]
+    assert _untimed(alone, 6) == ""  # back to back: the second starts as the first ends
+    assert _untimed(alone, 7) == ("runs.csv records 6 of the 7 trainings, so whether each arm "
+                                  "trained alone is not on record")
+    side = [_run("2026-01-01 10:00:00", 60.0, 3), _run("2026-01-01 10:00:30", 60.0, 3),
+            _run("2026-01-01 10:05:00", 10.0, 2)]
+    assert _untimed(side, 7) == ("2 of the run's 3 processes trained while another did "
+                                 "(runs.csv), so no training time is an arm's own")
+    assert _untimed([_run("2026-01-01 10:00:00", "", 3)], 3) == (
+        "a process in runs.csv has no time on record")
+
+    def q(arm, seed, budget, bpc, seconds):
+        return dict(_q(arm, seed, bpc, budget), train_seconds=str(seconds))
+
+    quality = [q(a, s, b, 3.0 - i - b / 1e10, 10 * b / 1e9 * (i + 1)) for i, a in enumerate("ab")
+               for s in (0, 1) for b in (1e9, 2e9)]
+    got = {r["need"]: r for r in decisions(quality, [], runs=side)}[NEEDS[6]]
+    assert got["choice"] == "not measured" and got["reason"].startswith("2 of the run's 3")
+    got = {r["need"]: r for r in decisions(quality, [], runs=alone[:1])}[NEEDS[6]]
+    assert got["reason"] == ("runs.csv records 3 of the 8 trainings, so whether each arm "
+                             "trained alone is not on record")
+    every = [_run("2026-01-01 10:00:00", 600.0, 8)]
+    assert {r["need"]: r for r in decisions(quality, [], runs=every)}[NEEDS[6]]["choice"] == "b"
+
+
+def test_each_row_of_the_decision_table_names_its_flop_policy_and_mixed_rows_are_refused(
+        tmp_path):
+    """A folder's runs may count FLOPs under different policies (a causal rerun of the text
+    bench beside a recall run counted by the kernel): each row's setting names its own, and
+    a row whose rows mix them is refused, for it compares their budgets."""
+    from minixl.one_bench.bench_all import decisions, read_rows, write_decisions
+
+    causal = json.dumps({"lr": 0.002, "flop_policy": "causal"})
+    kernel = json.dumps({"lr": 0.002})  # the default policy: not named in the settings
+    quality = [dict(_q(arm, seed, bpc), settings=causal)
+               for arm, seed, bpc in (("a", 0, 2.0), ("a", 1, 2.02), ("b", 0, 2.1), ("b", 1, 2.14))]
+    reach = [dict(_r(arm, seed, acc), settings=kernel)
+             for arm, seed, acc in (("a", 0, 0.9), ("a", 1, 0.8), ("b", 0, 0.1), ("b", 1, 0.2))]
+    write_decisions(tmp_path, quality, reach)
+    table = {r["need"]: r for r in read_rows(tmp_path / "decisions.csv")}
+    assert table["best bpc at fixed compute"]["setting"].endswith(
+        ", read left to right, FLOPs counted as causal")
+    assert table["exact recall at a distance: 16 bytes"]["setting"].endswith(
+        ", FLOPs counted as kernel")
+    assert "FLOPs counted as causal" in (tmp_path / "decisions.md").read_text()
+    mixed = quality[:3] + [dict(quality[3], settings=kernel)]  # b's seed 1 counted otherwise
     with pytest.raises(ValueError, match=r"counted training FLOPs under different policies "
                                          r"\(causal, kernel\)"):
-        write_decisions(tmp_path, [kernel], [])
-    assert not (tmp_path / "decisions.md").exists()
+        decisions(mixed, reach)
+    (tmp_path / "decisions.csv").unlink()
+    with pytest.raises(ValueError, match="different policies"):
+        write_decisions(tmp_path, mixed, reach)
+    assert not (tmp_path / "decisions.csv").exists()

@@ -1006,11 +1006,15 @@ def test_span_targets_checker_names_the_slip(capsys):
 
 # ---------------------------------------------------------------- Chapter 7
 
-def _dense_flops(c, *, forward_only=False, tables=False, scores=1.0):
+def _dense_flops(c, *, forward_only=False, tables=False, keys="causal"):
+    """Chapter 1's model's training FLOPs per byte, each query charged `keys` keys: the
+    causal mean (T + 1) / 2, the whole window T, or a number of T's."""
     with torch.device("meta"):
         model = minixl.CharTransformer(c)
     weights = sum(p.numel() for n, p in model.named_parameters() if tables or n != "pos")
-    attention = 12 * c.n_layer * c.block_size * c.d_model * scores
+    read = {"causal": (c.block_size + 1) / 2, "window": c.block_size}.get(keys)
+    read = c.block_size * keys if read is None else read
+    attention = 12 * c.n_layer * read * c.d_model
     return 2 * weights + attention / 3 if forward_only else 6 * weights + attention
 
 
@@ -1021,16 +1025,33 @@ def _steps(budget, flops, batch_size, length):
 def test_matched_compute_checker_passes_the_planner_and_names_each_slip(capsys):
     from minixl.planner import matched_steps
 
-    assert check.matched_compute(_dense_flops, lambda b, f, B, T: matched_steps(
-        b, f, batch_size=B, length=T)) is True
+    def planner(b, f, B, T):
+        return matched_steps(b, f, batch_size=B, length=T)
+
+    assert check.matched_compute(_dense_flops, planner) is True
     assert capsys.readouterr().out.startswith("PASS matched_compute: all ")
     for flops, hint in ((lambda c: _dense_flops(c, forward_only=True), "forward pass only"),
                         (lambda c: _dense_flops(c, tables=True), "counts the position tables"),
-                        (lambda c: _dense_flops(c, scores=0.5), "halves the attention scores"),
-                        (lambda c: _dense_flops(c, scores=0), "leaves out the attention scores")):
+                        (lambda c: _dense_flops(c, keys="window"), "charges every key of the "
+                                                                   "window"),
+                        (lambda c: _dense_flops(c, keys=0.5), "charges T / 2 keys a query"),
+                        (lambda c: _dense_flops(c, keys=0), "leaves out the attention scores"),
+                        (lambda c: _dense_flops(c, keys=0.7), "expected")):
         assert check.matched_compute(flops, _steps) is False
         out = capsys.readouterr().out
         assert out.startswith("FAIL matched_compute:") and hint in out, out
+    # the other policy: every key of the window charged, as an eager kernel computes
+    window = lambda c: _dense_flops(c, keys="window")  # noqa: E731
+    assert check.matched_compute(window, planner, policy="kernel") is True
+    capsys.readouterr()
+    for flops, hint in ((lambda c: _dense_flops(c, keys=0.5), "halves the attention scores"),
+                        (_dense_flops, "charges the causal mean"),
+                        (lambda c: _dense_flops(c, keys=0.7), "kernel count)")):
+        assert check.matched_compute(flops, planner, policy="kernel") is False
+        out = capsys.readouterr().out
+        assert out.startswith("FAIL matched_compute:") and hint in out, out
+    with pytest.raises(ValueError, match="unknown FLOP policy 'half'"):
+        check.matched_compute(_dense_flops, planner, policy="half")
     for steps, hint in ((lambda b, f, B, T: round(b / (f * T)), "forgets the batch"),
                         (lambda b, f, B, T: round(b / (f * B)), "forgets the window"),
                         (lambda b, f, B, T: max(1, int(b / (f * B * T))), "floors 578.70"),

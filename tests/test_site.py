@@ -125,7 +125,7 @@ def test_the_readme_shows_the_bench_and_links_its_decision_table():
 
     table = decisions_markdown(decisions(read("quality.csv"), read("reach.csv"),
                                          read("cost.csv"), read("context/context.csv"),
-                                         read("recall/recall.csv"))) + "\n"
+                                         read("recall/recall.csv"), read("runs.csv"))) + "\n"
     assert (bench / "decisions.md").read_text() == table
     png = (bench / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

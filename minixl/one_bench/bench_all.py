@@ -415,7 +415,8 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
 # ---------------------------------------------------------------- the decision table
 
 NEEDS = ("best bpc at fixed compute", "long context on a small budget", "infilling",
-         "exact recall at a distance", "streaming generation", "training memory at 16k")
+         "exact recall at a distance", "streaming generation", "training memory at 16k",
+         "best bpc at fixed training time")
 
 
 def _by_arm(rows: list[dict], key: str) -> dict[str, list[float]]:
@@ -475,6 +476,20 @@ def _missing(rows: list[dict], every: list[str]) -> str:
     gone = [a for a in every if a not in have]
     return (f", {len(every) - len(gone)} of {len(every)} contestants (no {', '.join(gone)})"
             if gone else "")
+
+
+def _counted(rows: list[dict]) -> str:
+    """', FLOPs counted as POLICY' for rows of one run (the policy its settings name; a run
+    of the default policy names none: 'kernel'). Rows of one run share a policy, for a
+    stopped run never resumes under the other; rows that mix them are refused, for a row of
+    the decision table compares their budgets."""
+    policies = {json.loads(r["settings"]).get("flop_policy", "kernel") if r.get("settings")
+                else "kernel" for r in rows}
+    if len(policies) > 1:
+        raise ValueError(f"these rows counted training FLOPs under different policies "
+                         f"({', '.join(sorted(policies))}): one row of the decision table "
+                         f"cannot compare their budgets; run them again with one --flop-policy")
+    return f", FLOPs counted as {policies.pop() if policies else 'kernel'}"
 
 
 def _top_reach(reach: list[dict]) -> list[dict]:
@@ -554,6 +569,135 @@ def _generation_need(cost: list[dict]) -> dict | None:
     return {"setting": f"after {length} bytes, one byte a call, {rounds} rounds", **picked}
 
 
+def _at_time(points: list[tuple[float, float]], seconds: float) -> float:
+    """The value at `seconds` on the line through (seconds, value) points, straight in the
+    logarithm of the seconds between the two that bracket it (the budgets double, so their
+    times are about evenly spaced in log time)."""
+    points = sorted(points)
+    for (s0, v0), (s1, v1) in zip(points, points[1:]):
+        if s0 <= seconds <= s1:
+            if s1 == s0:
+                return v0
+            w = math.log(seconds / s0) / math.log(s1 / s0)
+            return v0 + w * (v1 - v0)
+    raise ValueError(f"{seconds} s lies outside the points' {points[0][0]}-{points[-1][0]} s")
+
+
+def _untimed(runs: list[dict], trainings: int) -> str:
+    """Why the run's training times are not each arm's own, from its runs.csv rows (one a
+    process: when it ended, how many seconds it ran, how many points it trained), or '' where
+    they are: the rows must account for all `trainings` (a process that was stopped writes
+    none, so its points ran unrecorded), and no process may have trained while another did
+    (1.5 s of slack: the clock is kept to the second)."""
+    from datetime import datetime, timedelta
+
+    spans, ran = [], 0
+    for r in runs:
+        if r.get("seconds") in (None, "") or r.get("ended") in (None, ""):
+            return "a process in runs.csv has no time on record"
+        end = datetime.strptime(r["ended"], "%Y-%m-%d %H:%M:%S")
+        spans.append((end - timedelta(seconds=float(r["seconds"])), end))
+        ran += int(float(r.get("points_run") or 0))
+    if ran < trainings:
+        return (f"runs.csv records {ran} of the {trainings} trainings, so whether each arm "
+                f"trained alone is not on record")
+    slack = timedelta(seconds=1.5)
+    both = sum(any(a < d - slack and c < b - slack for j, (c, d) in enumerate(spans) if j != i)
+               for i, (a, b) in enumerate(spans))
+    if both:
+        return (f"{both} of the run's {len(spans)} processes trained while another did "
+                f"(runs.csv), so no training time is an arm's own")
+    return ""
+
+
+def _time_need(quality: list[dict], every: list[str]) -> dict:
+    """Best bpc at fixed training time, from the same rows as fixed compute: each arm's
+    held-out bpc (read left to right) at one training time, interpolated in each seed
+    between the budgets that bracket it (`_at_time`), then `_pick` over the seeds. The time
+    is the shortest of every arm's and seed's longest training time, so no arm is read beyond
+    its measured points. An arm or seed timed at fewer than two budgets is left out and
+    named. An arm whose smallest budget took longer than that time is left out too, and
+    named with its bpc at its smallest budget: where every seed of it is worse there than
+    every seed of the pick at the time, it is ruled out on the assumption (not measured:
+    each budget is a run with its own schedule) that a shorter run does no better; else the
+    choice says it is not ruled out. The times are the run's own (`train_seconds`: the
+    training steps alone), and the reason says whether the fixed-compute reading (the same
+    rows as that row reads) names the same arm."""
+    none = {"runner_up": "", "margin": None, "spread": None}
+    length = max(int(r["length"]) for r in quality)
+    at_length = [r for r in quality if int(r["length"]) == length]
+    curves: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    for r in at_length:
+        if r.get("train_seconds") not in (None, ""):
+            curves.setdefault(r["arm"], {}).setdefault(str(r["seed"]), []).append(
+                (float(r["train_seconds"]), float(r["common_bpc"]), float(r["budget"])))
+    timed = {a: {s: v for s, v in by.items() if len({f for _, _, f in v}) >= 2}
+             for a, by in curves.items()}
+    timed = {a: by for a, by in timed.items() if by}
+    short = [a for a in dict.fromkeys(r["arm"] for r in at_length)
+             if len(timed.get(a, {})) < len({str(r["seed"]) for r in at_length if r["arm"] == a})]
+    if not timed:
+        return {"setting": "", "choice": "not measured",
+                "reason": "no arm has training times at two budgets", **none}
+    seconds = min(max(t for t, _, _ in v) for by in timed.values() for v in by.values())
+    first = {a: max(min(t for t, _, _ in v) for v in by.values()) for a, by in timed.items()}
+    late = [a for a in timed if first[a] > seconds]
+    values: dict[str, list[float]] = {}
+    spent: dict[str, list[float]] = {}
+    for arm, by in timed.items():
+        if arm in late:
+            continue
+        for v in by.values():
+            values.setdefault(arm, []).append(_at_time([(t, b) for t, b, _ in v], seconds))
+            spent.setdefault(arm, []).append(math.exp(_at_time(
+                [(t, math.log(f)) for t, _, f in v], seconds)))
+    seeds = max((len(v) for v in values.values()), default=0)
+    setting = (f"{seconds:.1f} s of training each, as the run timed them, length {length}, "
+               f"{seeds} seed{'s' if seeds != 1 else ''}, read left to right, interpolated "
+               f"between budgets in log time{_counted(quality)}")
+    if short:
+        setting += f", timed at one budget only (left out): {', '.join(short)}"
+    if not values:
+        return {"setting": setting, "choice": "not measured",
+                "reason": "every arm's smallest budget took longer than the fastest arm's "
+                          "largest", **none}
+    picked = _pick(values, lower=True, what="held-out", unit="bpc")
+    means = {a: sum(v) / len(v) for a, v in values.items()}
+    best = min(means, key=means.get)
+    order = sorted(means, key=means.get)[:2]
+    picked["reason"] += "; a run of that time would spend about " + ", ".join(
+        f"{sum(spent[a]) / len(spent[a]):.1e} FLOPs for {a}" for a in order)
+    open_ = []
+    for arm in late:
+        low = min(f for v in timed[arm].values() for _, _, f in v)
+        at_low = [b for v in timed[arm].values() for _, b, f in v if f == low]
+        ruled = min(at_low) > max(values[best])
+        open_ += [] if ruled else [arm]
+        picked["reason"] += (
+            f"; {arm} left out: its smallest budget took {first[arm]:.1f} s and reads "
+            f"{sum(at_low) / len(at_low):.3f} bpc, "
+            + ("worse in every seed than every seed of the pick, and a shorter run is assumed "
+               "no better (not measured: each budget is a run with its own schedule)"
+               if ruled else "not ruled out"))
+    if open_:
+        picked["choice"] += f" ({', '.join(open_)} not ruled out)"
+    top = max(float(r["budget"]) for r in at_length)
+    by_flops = _by_arm([r for r in at_length if float(r["budget"]) == top], "common_bpc")
+    flop_best = min(by_flops, key=lambda a: sum(by_flops[a]) / len(by_flops[a]))
+    named = (_pick(by_flops, lower=True, what="", unit="")["choice"] == flop_best,
+             picked["choice"] == best)
+    if flop_best not in values:
+        said = f"the best is {flop_best}, left out here"
+    else:
+        said = f"the best is {flop_best}" + (", the same" if flop_best == best
+                                             else ": the readings disagree")
+        said += {(True, True): "", (False, False): " (neither names a winner)",
+                 (True, False): " (no winner at fixed time)",
+                 (False, True): " (no winner at fixed compute)"}[named]
+    picked["reason"] += f"; at fixed compute ({top:g} FLOPs) {said}"
+    return {"setting": setting + _missing(at_length, every), **picked}
+
+
 def _context_need(context: list[dict]) -> dict:
     """Long context on a small budget, from bench_context's rows: held-out bpc of the same
     bytes read with the longest context, by the models trained at the longest length, the
@@ -582,7 +726,8 @@ def _context_need(context: list[dict]) -> dict:
                              f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])
     return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
-                       f"bytes of context, {len({r['seed'] for r in rows})} seeds", **picked}
+                       f"bytes of context, {len({r['seed'] for r in rows})} seeds"
+                       f"{_counted(context)}", **picked}
 
 
 def control_verdict(rows: list[dict], control: str = "shaw",
@@ -638,7 +783,7 @@ def recall_need(rows: list[dict], control: str = "shaw",
     at = [r for r in rows if int(r["length"]) == length]
     seeds = len({r["seed"] for r in at})
     setting = f"recall task, budget {float(at[0]['budget']):g}, length {length}, {seeds} seed" \
-              + ("s" if seeds > 1 else "")
+              + ("s" if seeds > 1 else "") + _counted(at)
     mine = [r for r in at if r["arm"] == control]
     low = min((int(r["low"]) for r in mine), default=None)
     got = [float(r["accuracy"]) for r in mine if int(r["low"]) == low]
@@ -698,7 +843,7 @@ def _control_choice(passed: bool, passed_at: list[int]) -> str:
 
 def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None,
               context: list[dict] | None = None,
-              recall: list[dict] | None = None) -> list[dict]:
+              recall: list[dict] | None = None, runs: list[dict] | None = None) -> list[dict]:
     """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
     the measured reason, the runner-up, the margin and the two's spread (of seeds; of rounds
     for a time, see `_generation_need`); 'no winner at this scale' where the spread covers
@@ -706,7 +851,10 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
     (`cost`), when given, answer streaming generation and training memory at 16k; those of
     bench_context (`context`), when given, answer long context on a small budget; those of
     bench_recall (`recall`), when given, answer exact recall at a distance in place of the
-    reach task's rows, its positive control first (`recall_need`).
+    reach task's rows, its positive control first (`recall_need`). Best bpc at fixed
+    training time reads the quality rows' training times (`_time_need`), unless the run's
+    processes (`runs`, its runs.csv rows) trained at the same time: then no time is an arm's
+    own, and the row says so.
     """
     table = []
 
@@ -729,18 +877,27 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
         rows = [r for r in quality if float(r["budget"]) == budget and int(r["length"]) == length]
         if not rows:
             unmeasured(need, "no quality rows")
+            if need == NEEDS[0]:
+                unmeasured(NEEDS[6], "no quality rows")
             continue
         if need == NEEDS[1] and len(lengths) < 2:
             unmeasured(need, f"one length only ({length}): long context needs a longer one "
                        "beside it")
             continue
         add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
-            f"seeds, read left to right{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
+            f"seeds, read left to right{_counted(quality)}{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
                                                  what="held-out", unit="bpc"))
+        untimed = runs and _untimed(runs, len(quality) + len(
+            {(r["arm"], r["seed"], r["length"], r["budget"]) for r in reach}))
+        if need == NEEDS[0] and untimed:
+            unmeasured(NEEDS[6], untimed)
+        elif need == NEEDS[0]:
+            table.append({"need": NEEDS[6], **_time_need(quality, every)})
     infill = [r for r in quality if r["own_protocol"] == "infill" and budgets
               and float(r["budget"]) == budgets[-1] and int(r["length"]) == length]
     if infill:
-        add(NEEDS[2], f"budget {budgets[-1]:g} FLOPs, length {length}, its own protocol",
+        add(NEEDS[2], f"budget {budgets[-1]:g} FLOPs, length {length}, its own protocol"
+            f"{_counted(quality)}",
             _pick(_by_arm(infill, "own_bpc"), lower=True, what="infill", unit="bpc"))
     else:
         unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
@@ -758,7 +915,7 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                 "out of reach", "runner_up": "", "margin": None, "spread": None})
             continue
         add(f"{NEEDS[3]}: {band} bytes", f"reach task, budget {float(rows[0]['budget']):g}, "
-            f"length {rows[0]['length']}{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
+            f"length {rows[0]['length']}{_counted(reach)}{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
                                                   what="accuracy", unit="",
                                                   chance=1 / LETTERS))
     generation = _generation_need(cost) if cost else None
@@ -790,20 +947,13 @@ def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Pat
     """decisions.csv and decisions.md in `folder`, from the bench's rows (as read from its
     CSVs), bench_cost's cost.csv beside them, bench_context's context/context.csv and
     bench_recall's recall/recall.csv below them, where there are; returns the markdown
-    file's path. Runs whose FLOPs were counted under different policies are refused: their
-    budgets are not the same FLOPs."""
+    file's path. Each row's setting names the FLOP policy its run counted under (`_counted`):
+    the runs in one folder may differ, one row's rows may not."""
     folder = Path(folder)
     context = read_rows(folder / "context" / "context.csv")
     recall = read_rows(folder / "recall" / "recall.csv")
-    policies = {json.loads(r["settings"]).get("flop_policy", "kernel")
-                for r in [*quality, *reach, *context, *recall] if r.get("settings")}
-    if len(policies) > 1:
-        raise ValueError(f"the runs in {folder} counted training FLOPs under different "
-                         f"policies ({', '.join(sorted(policies))}): one decision table cannot "
-                         f"compare their budgets; their rows are kept, run them again with one "
-                         f"--flop-policy")
     table = decisions(quality, reach, read_rows(folder / "cost.csv") or None,
-                      context or None, recall or None)
+                      context or None, recall or None, read_rows(folder / "runs.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")

@@ -14,7 +14,7 @@ import torch
 from ..data import load_corpus
 from .bench_all import read_left_to_right, reading_segment, train_arm
 from ..kinds import KINDS, kind_of
-from ..model_kind import ModelKind
+from ..model_kind import ModelKind, check_flop_policy
 from ..planner import bench_arms, matched_steps, plan_bench
 from ..check.verdicts import call, verdict
 
@@ -40,19 +40,24 @@ def _char_configs():
     return kind, [kind.config(**{**base, **s}) for s in shapes]
 
 
-def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
-    """Check flops_fn(config) -> training FLOPs per byte of Chapter 1's model (6 per weight
-    that multiplies, position tables excluded, plus 12 N T C), and steps_fn(budget,
-    flops_per_byte, batch_size, length) -> the bench's matched step count."""
+def matched_compute(flops_fn: Callable, steps_fn: Callable, policy: str = "causal") -> bool:
+    """Check flops_fn(config) -> training FLOPs per byte of Chapter 1's model under `policy`
+    (6 per weight that multiplies, position tables excluded, plus the attention scores and
+    weighted sums: 6 N (T + 1) C under 'causal', the book's bench, where each query is
+    charged the (T + 1) / 2 keys it may read on average; 12 N T C under 'kernel', every key
+    of the window), and steps_fn(budget, flops_per_byte, batch_size, length) -> the bench's
+    matched step count."""
+    check_flop_policy(policy)
     kind, configs = _char_configs()
     n_checks = len(configs)
     for c in configs:
         with torch.device("meta"):
             model = kind.build(c)
-        want = kind.flops_per_token(model)
+        want = kind.flops_per_token(model, policy)
         weights = sum(p.numel() for n, p in model.named_parameters() if n != "pos")
         table = model.pos.numel() if getattr(model, "pos", None) is not None else 0
-        scores = 12 * c.n_layer * c.block_size * c.d_model
+        full = 12 * c.n_layer * c.block_size * c.d_model  # every key of the window
+        scores = full if policy == "kernel" else 6 * c.n_layer * (c.block_size + 1) * c.d_model
         got, err = call(flops_fn, c)
         where = (f"for n_layer={c.n_layer}, d_model={c.d_model}, d_inner={c.d_inner}, "
                  f"block_size={c.block_size}")
@@ -64,15 +69,27 @@ def matched_compute(flops_fn: Callable, steps_fn: Callable) -> bool:
                                                "2 FLOPs per weight forward and 4 backward, 6",
                      want + 6 * table: "counts the position tables: they are added to the "
                                        "input, not multiplied, so they cost no 6 per weight",
-                     want - scores: "leaves out the attention scores, 12 N T C: q.k and the "
-                                    "weighted sum of the values, forward and backward",
-                     want - scores / 2: "halves the attention scores: the planner counts them "
-                                        "in full, as PaLM's convention does, though a causal "
-                                        "kernel skips half"}
+                     want - scores: "leaves out the attention scores: q.k and the weighted "
+                                    "sum of the values, forward and backward"}
+            if policy == "causal":
+                slips[want - scores + full] = (
+                    "charges every key of the window, T a query: the causal count charges a "
+                    "query only the keys it may read, (T + 1) / 2 on average (the kernel "
+                    "count, what an eager kernel computes, is the other policy)")
+                slips[want - scores + full / 2] = (
+                    "charges T / 2 keys a query: the first query reads 1 key and the last T, "
+                    "so the mean is (T + 1) / 2")
+            else:
+                slips[want - scores / 2] = ("halves the attention scores: the kernel count "
+                                            "charges every key of the window, the masked "
+                                            "half included")
+                slips[want - scores + 6 * c.n_layer * (c.block_size + 1) * c.d_model] = (
+                    "charges the causal mean, (T + 1) / 2 keys a query: the kernel count "
+                    "charges every key of the window, T, as an eager kernel computes them")
             hint = next((why for slip, why in slips.items()
                          if value is not None and abs(value - slip) < 1e-6 * want),
                         f"returned {got!r}, expected {want:,.0f} (6 x {weights:,} weights + "
-                        f"{scores:,} for the scores)")
+                        f"{scores:,} for the scores, {policy} count)")
             return verdict("matched_compute", f"{where}: {hint}", n_checks)
     reference = matched_steps
     cases = [(8e11, 1.35e6, 8, 128), (2e10, 3.1e5, 8, 32), (1e9, 2.0e5, 4, 64),
