@@ -82,8 +82,10 @@ def test_the_causal_policy_charges_each_query_the_keys_its_mask_lets_it_read(kin
     """Under 'causal', a dense layer's scores and weighted sums (12 C a key, per layer; XL's
     three products, 18 H D) are charged for the (query, key) pairs that minixl's own causal
     mask keeps, and Shaw's relative terms for the distinct clipped distances those pairs
-    meet; the weights cost the same under both policies. The tree's count is of its causal
-    edges already and XLNet's masks are factorisation orders, not a causal half: one count."""
+    meet; XLNet's content score, position score and weighted sum (3 C a key) for the pairs
+    its factorisation masks keep, in both streams, counted from the masks of random orders
+    (its last content stream forward only); the weights cost the same under both policies.
+    The tree's count is of its causal edges already: one count."""
     from minixl.char_transformer import causal_mask
 
     kind, model = _tiny(kind_name, **fields)
@@ -106,9 +108,22 @@ def test_the_causal_policy_charges_each_query_the_keys_its_mask_lets_it_read(kin
         kept = causal_mask(T, T + M).sum().item() / T  # keys a query reads, on average
         assert kernel - causal == pytest.approx(
             18 * c.n_layer * c.n_head * c.d_head * (T + M - kept), rel=1e-12)
+    elif kind_name == "xlnet":
+        from minixl.xlnet import permutation_masks
+
+        T, P, C, L = c.seq_len, c.n_predict, c.d_model, c.n_layer
+        for seed in range(3):  # any order keeps the same number of pairs
+            order = torch.randperm(T, generator=torch.Generator().manual_seed(seed))
+            content, query = permutation_masks(order, n_predict=P)
+            rows = {"content": content.sum().item() / T,  # keys per content row
+                    "both": (content.sum().item() + query[order[T - P:]].sum().item()) / T}
+            full = C * (4 * T - 1)  # the kernel count's content, position and sum, a row
+            saved = (6 * L * (full * (T + P) / T - 3 * C * rows["both"])
+                     - 4 * (full - 3 * C * rows["content"]))
+            assert kernel - causal == pytest.approx(saved, rel=1e-12)
     else:
         assert causal == kernel
-    if kind_name != "segtree" and kind_name != "xlnet":
+    if kind_name != "segtree":
         assert causal < kernel
 
 
@@ -126,7 +141,8 @@ def test_the_causal_policy_keeps_the_objectives_flops_and_refuses_an_unknown_pol
 
 
 def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more_steps():
-    arms = {a: v for a, v in bench_arms().items() if a in ("char", "shaw", "xl", "segtree")}
+    arms = {a: v for a, v in bench_arms().items() if a in ("char", "shaw", "xl", "xlnet",
+                                                            "segtree")}
     kernel = {r.arm: r for r in plan_bench(**SETTING, arms=arms)}
     causal = {r.arm: r for r in plan_bench(**SETTING, arms=arms, flop_policy="causal")}
     for arm, r in causal.items():
@@ -141,7 +157,7 @@ def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more
         assert r.as_row()["flop_policy"] == "causal" and "flop_policy" not in kernel[arm].as_row()
         assert kind.flops_note("causal") in r.why and kind.flops_note() in kernel[arm].why
     assert "causal policy" in causal["shaw"].why and "causal" not in kernel["shaw"].why
-    for arm in ("char", "shaw", "xl"):  # the masked half no longer charged: more steps
+    for arm in ("char", "shaw", "xl", "xlnet"):  # masked pairs no longer charged: more steps
         assert causal[arm].flops_per_byte < kernel[arm].flops_per_byte
         assert causal[arm].steps > kernel[arm].steps
     assert causal["segtree"].steps == kernel["segtree"].steps  # its count was causal already

@@ -33,6 +33,21 @@ def _xlnet_flops(model: nn.Module) -> float:
     return 6 * weights + 6 * L * attention * (T + P) / T - 4 * (row + attention)
 
 
+def _xlnet_causal_flops(model: nn.Module) -> float:
+    """Training FLOPs per token, causal policy: _xlnet_flops with each row charged only the
+    keys its factorisation masks keep, its content score, position score and weighted sum, 3 C
+    a key. The T - P context bytes share rank 0 and read one another both ways (T - P keys
+    each); the predicted byte of rank r reads T - P + r keys in the content stream and
+    T - P + r - 1 in the query stream: T^2 pairs a window in all, 6 L 3 C T a token."""
+    c = model.config
+    T, P, C, L = c.seq_len, c.n_predict, c.d_model, c.n_layer
+    row = 2 * C * C + 2 * C * c.d_inner
+    kernel = C * (4 * T - 1)  # _xlnet_flops' attention per row
+    content = 3 * C * ((T - P) * T + P * (P + 1) / 2) / T  # per content row, on average
+    return (_xlnet_flops(model) - 6 * L * kernel * (T + P) / T + 4 * kernel
+            + 6 * L * 3 * C * T - 4 * content)
+
+
 def _permutation_objective(model_cfg) -> nn.Module:
     return PermutationObjective("permutation")
 
@@ -78,7 +93,7 @@ XLNET = ModelKind(
     objective=Objective(_permutation_objective),
     # u, v and the segment bias [H, D]; the two segment encodings s+, s- [2, H, D]
     no_decay=("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"),
-    flops=_xlnet_flops,
+    flops=_xlnet_flops, causal_flops=_xlnet_causal_flops,
     reach=lambda c: memory_reach(c.seq_len, c.mem_len, c.n_layer, "window"),
     bench={"xlnet": BenchArm(per_length=("n_predict",),
                              help="Chapter 5's XLNet, the permutation objective on random "
