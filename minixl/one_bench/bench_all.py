@@ -887,12 +887,13 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
         add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
             f"seeds, read left to right{_counted(quality)}{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
                                                  what="held-out", unit="bpc"))
-        untimed = runs and _untimed(runs, len(quality) + len(
-            {(r["arm"], r["seed"], r["length"], r["budget"]) for r in reach}))
-        if need == NEEDS[0] and untimed:
-            unmeasured(NEEDS[6], untimed)
-        elif need == NEEDS[0]:
-            table.append({"need": NEEDS[6], **_time_need(quality, every)})
+        if need == NEEDS[0]:
+            untimed = runs and _untimed(runs, len(quality) + len(
+                {(r["arm"], r["seed"], r["length"], r["budget"]) for r in reach}))
+            if untimed:
+                unmeasured(NEEDS[6], untimed)
+            else:
+                table.append({"need": NEEDS[6], **_time_need(quality, every)})
     infill = [r for r in quality if r["own_protocol"] == "infill" and budgets
               and float(r["budget"]) == budgets[-1] and int(r["length"]) == length]
     if infill:
