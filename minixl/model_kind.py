@@ -93,7 +93,8 @@ class BenchArm:
     """One way a kind enters the bench of every mechanism (`minixl.planner`): config fields
     and objective options on top of its bench preset (`preset`, default 'tiny' where the kind
     has one, else its first), the config fields that keep their ratio to the bench's length
-    (a memory as long as the segment, the bytes predicted per window), and a line of help."""
+    (a memory as long as the segment, the bytes predicted per window: the ratio of the arm's
+    value where `model` sets one, else the preset's), and a line of help."""
 
     model: dict = field(default_factory=dict)
     objective: dict = field(default_factory=dict)

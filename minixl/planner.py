@@ -114,8 +114,9 @@ def arm_config(kind: ModelKind, arm: BenchArm, length: int):
                          f"{'is not a field' if len(wrong) == 1 else 'are not fields'} of "
                          f"{type(base).__name__}")
     was = getattr(base, kind.length)
+    base = replace(base, **arm.model)  # per_length keeps the arm's own ratio where it sets one
     scaled = {f: max(1, round(getattr(base, f) * length / was)) for f in arm.per_length}
-    return replace(base, **arm.model, **scaled, **{kind.length: length})
+    return replace(base, **scaled, **{kind.length: length})
 
 
 def sized_config(config, width: int | None, depth: int | None):

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from minixl.kinds import KINDS
 from minixl.model_kind import BenchArm
-from minixl.planner import (FLOPS_TOLERANCE, PARAMS_TOLERANCE, at_length, bench_arms, plan_arm,
+from minixl.planner import (FLOPS_TOLERANCE, PARAMS_TOLERANCE, arm_config, at_length, bench_arms, plan_arm,
                             plan_bench)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -251,3 +251,48 @@ def test_a_kind_that_builds_at_no_width_is_refused_not_planned_forever():
     with pytest.raises(ValueError, match="bench arm 'never': no width of --model never builds "
                                          "at length 128 \\(the last refusal: too narrow\\)"):
         plan_bench(**SETTING, arms=bench_arms([never]))
+
+
+def test_xl_without_memory_differs_from_xl_in_its_memory_alone():
+    arms = bench_arms()
+    plans = {r.arm: r for r in plan_bench(budget=2e11, params=200_000, length=128,
+                                          batch_size=8, arms={a: arms[a] for a in
+                                                              ("xl", "xl-nomem")})}
+    xl, bare = plans["xl"].config, plans["xl-nomem"].config
+    assert xl.mem_len == 128 and bare.mem_len == 0
+    assert replace(bare, mem_len=xl.mem_len) == xl  # every other field the same
+    kind = arms["xl"][0]
+    assert kind.reach(bare)[0] == 128 < kind.reach(xl)[0]
+    assert plans["xl-nomem"].steps > plans["xl"].steps  # no memory to attend: cheaper steps
+
+
+def test_a_per_length_field_keeps_the_arms_own_ratio_where_the_arm_sets_it():
+    from minixl.model_kind import BenchArm
+
+    kind = bench_arms()["xl"][0]  # the tiny preset: segments and memory of 128
+    half = BenchArm(model=dict(mem_len=64), per_length=("mem_len",))
+    assert arm_config(kind, half, 32).mem_len == 16
+    assert arm_config(kind, BenchArm(per_length=("mem_len",)), 32).mem_len == 32
+
+
+def test_the_bench_ties_every_arms_head_and_a_tied_head_costs_no_fewer_flops():
+    from minixl.segtree import SegTreeConfig, SegTreeTransformer
+
+    for arm in ("segtree", "bpt"):
+        kind, spec = bench_arms()[arm]
+        assert spec.model["tie_head"] is True
+    cfg = SegTreeConfig(n_layer=2, d_model=32, n_head=4, d_inner=64, block_size=16)
+    untied, tied = SegTreeTransformer(cfg), SegTreeTransformer(replace(cfg, tie_head=True))
+    assert tied.head.weight is tied.tok.weight
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(untied) - count(tied) == 256 * 32
+    kind = bench_arms()["segtree"][0]
+    assert kind.flops_per_token(tied) == kind.flops_per_token(untied)  # the head still multiplies
+    x = torch.zeros(1, 4, dtype=torch.long)  # no byte 7 in the input
+    for model, moves in ((tied, True), (untied, False)):
+        before = model(x).detach()
+        with torch.no_grad():
+            model.tok.weight[7] += torch.randn(32)  # tied: byte 7's output row moves with its embedding
+        after = model(x).detach()
+        assert torch.equal(before[..., :7], after[..., :7])
+        assert (not torch.allclose(before[..., 7], after[..., 7])) == moves

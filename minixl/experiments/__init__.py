@@ -509,7 +509,11 @@ register(Experiment(
      Option("batch_size", int, 8, "windows (or streams) per step, every contestant"),
      Option("eval_bytes", int, 32768, "held-out bytes read by both protocols"),
      Option("reach_eval", int, 200, "held-out reach records per seed"),
-     Option("lr", float, 2e-3, "peak learning rate, every contestant"),
+     Option("lr", float, 2e-3, "peak learning rate, every contestant (unless --lrs)"),
+     Option("lrs", str, None, "comma-separated peak learning rates (at least three): each "
+            "arm is first trained at each, at the smallest budget and length on the first "
+            "seed, scored on the training split's last bytes (held out of those runs), and "
+            "the best is that arm's rate (lr.csv, plan.csv)"),
      _FLOP_POLICY, _CUDA_DEVICE, _THREADS,
      Option("reach_only", bool, False, "the reach task alone, no held-out text (a control "
             "of it at other distances, say); --csv then names a reach.csv in a folder of its "

@@ -14,7 +14,10 @@ It writes the quality rows to its CSV (`--csv`, default book/bench/quality.csv) 
 and reach.csv beside it, each point as soon as it is done, so a run stopped half-way picks up
 where it was: the points already written are kept (when they were made with the same
 settings and the same plan) and only the others run; more seeds, lengths or models may be
-added to a finished run the same way. Nothing here names a model:
+added to a finished run the same way. With `--lrs` each arm first trains at every rate given,
+at the smallest budget and length on the first seed, and is scored left to right on the
+training split's last bytes (held out of those runs, never the held-out text the tables
+read); the best rate is the arm's for every point (lr.csv, and plan.csv's lr column). Nothing here names a model:
 the contestants are the kinds' bench arms, and `--models` may add a kind of your own
 (MODULE:NAME).
 """
@@ -42,11 +45,14 @@ from ..reach import LETTERS, distance_bands, reach_records, score_reach, unreach
 from ..training import TrainConfig, train
 
 __all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all",
+           "chosen_rates", "tuning_split", "TUNE_COLUMNS",
            "QUALITY_COLUMNS", "REACH_COLUMNS", "read_rows", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
            "plot_bench", "merge_runs", "control_verdict", "recall_need"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
+TUNE_COLUMNS = ("arm", "kind", "length", "budget", "seed", "lr", "steps", "tune_bpc",
+                "train_seconds", "chosen", "settings")
 REACH_COLUMNS = ("arm", "kind", "length", "budget", "seed", "band", "low", "high", "cases",
                  "accuracy", "bits", "reach", "reachable", "settings")
 
@@ -193,6 +199,24 @@ def _float_list(text: str, name: str) -> list[float]:
     return values
 
 
+def chosen_rates(rows: list[dict]) -> dict[str, float]:
+    """{arm: its learning rate} from lr.csv's rows: the rate of the lowest tuning bpc (a tie
+    goes to the smaller rate)."""
+    best: dict[str, tuple[float, float]] = {}
+    for r in rows:
+        key = (float(r["tune_bpc"]), float(r["lr"]))
+        if r["arm"] not in best or key < best[r["arm"]]:
+            best[r["arm"]] = key
+    return {arm: rate for arm, (_, rate) in best.items()}
+
+
+def tuning_split(train: torch.Tensor, eval_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what the learning-rate runs train on, what scores them): the training split less its
+    last min(eval_bytes, a tenth of it) bytes, and those bytes."""
+    cut = max(2, min(eval_bytes, len(train) // 10))
+    return train[:-cut], train[-cut:]
+
+
 def _log_run(folder: Path, points: int, seconds: float, *, threads: int, device: str) -> None:
     """One row per invocation in runs.csv: when, how long, how many points it ran, on what
     (the machine, the threads, torch)."""
@@ -214,14 +238,20 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
               csv: str = "book/bench/quality.csv", device: str = "cpu",
               threads: int = 1, reach_only: bool = False,
-              flop_policy: str = "kernel") -> list[dict]:
+              flop_policy: str = "kernel", lrs: str | None = None) -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
     length and the largest budget. reach_only: the reach task alone (a control of it, say,
     at other distances: its own folder, since the distances are part of the settings), `csv`
     then names its reach.csv, and its rows are returned. flop_policy: how every arm's
-    training FLOPs are counted (minixl.model_kind.FLOP_POLICIES)."""
+    training FLOPs are counted (minixl.model_kind.FLOP_POLICIES). lrs: comma-separated
+    learning rates, each arm's chosen among them first (the module docstring); lr is then
+    unused."""
     policy = policy_settings(flop_policy)
+    lr_list = sorted(set(_float_list(lrs, "lrs"))) if lrs else None
+    if lr_list is not None and len(lr_list) < 3:
+        raise ValueError(f"--lrs needs at least three different learning rates, so that the "
+                         f"best can have one on each side; got {lrs!r}")
     budget_list = _float_list(budgets, "budgets")
     length_list = int_list(lengths, "lengths", 2)
     distance_list = int_list(distances, "distances", 8)
@@ -237,8 +267,9 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                          f"reach.csv (in a folder of its own); got {csv}")
     quality_csv = Path(csv).with_name("quality.csv") if reach_only else Path(csv)
     folder = quality_csv.parent
+    rate = {"lrs": lr_list} if lr_list else {"lr": lr}
     settings = _settings(params=params, batch_size=batch_size,
-                         eval_bytes=eval_bytes, reach_eval=reach_eval, lr=lr,
+                         eval_bytes=eval_bytes, reach_eval=reach_eval, **rate,
                          distances=distance_list, **policy)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
@@ -265,9 +296,15 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                  f"parameters, {old['steps']} steps; now {plan.params}, "
                                  f"{plan.steps}): give another --csv, or delete its folder's "
                                  "plan.csv, quality.csv and reach.csv to start over")
+            if lr_list:  # a tuned run's plan names each arm's rate, once it is chosen
+                row["lr"] = "" if old is None else old.get("lr", "")
             planned[name, length, budget] = row
         write_csv(list(planned.values()), folder / "plan.csv")
         corpus = load_corpus("pydoc")
+        rates = {name: lr for name in arms}
+
+        def rate_of(name: str) -> dict:  # a tuned run's rows name their arm's rate
+            return {"lr": rates[name]} if lr_list else {}
         held = corpus.valid[:eval_bytes]
         reach_length, reach_budget = max(length_list), max(budget_list)
         train_reach = reach_records(max(64, 40_000 // max(distance_list)) * len(distance_list),
@@ -280,12 +317,16 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                  + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
                        for a in arms))
         try:
+            if lr_list:
+                rates, ran = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
+                                   length=min(length_list), budget=min(budget_list),
+                                   seed=seed_list[0], eval_bytes=eval_bytes, device=device)
             for name, length, budget, seed in points:
                 if (name, length, budget, seed) in done_q:
                     continue
                 kind, plan = arms[name][0], plans[name, length, budget]
-                model, seconds = train_arm(kind, plan, corpus.train, seed=seed, lr=lr,
-                                           device=device)
+                model, seconds = train_arm(kind, plan, corpus.train, seed=seed,
+                                           lr=rates[name], device=device)
                 own = evaluate(model, held, kind.protocol(), kind=kind, seq_len=length)
                 common, _ = read_left_to_right(model, held,
                                                segment=reading_segment(kind, plan.config, length))
@@ -294,7 +335,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                 "params": plan.params, "steps": plan.steps,
                                 "train_flops": plan.train_flops, "own_protocol": own.protocol,
                                 "own_bpc": own.bpc, "common_bpc": common,
-                                "train_seconds": seconds, "settings": settings})
+                                "train_seconds": seconds,
+                                **rate_of(name), "settings": settings})
                 write_csv(quality, quality_csv)
                 count, ran = count + 1, ran + 1
                 print(f"bench_all [{count}/{total}] {name}, length {length}, budget "
@@ -309,8 +351,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                     plan = plans[name, reach_length, reach_budget]
                     far = unreachable(kind, plan.config, distance_list)
                     segment = reading_segment(kind, plan.config, reach_length)
-                    model, seconds = train_arm(kind, plan, train_reach.data, seed=seed, lr=lr,
-                                            device=device)
+                    model, seconds = train_arm(kind, plan, train_reach.data, seed=seed,
+                                               lr=rates[name], device=device)
                     _, logp = read_left_to_right(model, test.data, segment=segment,
                                                  answers=test.answers)
                     targets = test.data[test.answers].long()
@@ -321,6 +363,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                            "reach": most,
                                            "reachable": _reachable(row["low"], most, segment,
                                                                    far),
+                                           **rate_of(name),
                                            "settings": settings})
                     write_csv(reach_rows, folder / "reach.csv")
                     count, ran = count + 1, ran + 1
@@ -337,6 +380,44 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         write_decisions(folder, *stored)
         plot_bench(folder, *stored)
     return stored[1] if reach_only else quality
+
+
+def _tune(arms, plans, planned, corpus, folder, settings, lr_list, *, length, budget, seed,
+          eval_bytes, device) -> tuple[dict[str, float], int]:
+    """Each arm trained at each rate of lr_list at (length, budget), from `seed`, on the
+    training split less its last bytes, and read left to right on those (`tuning_split`);
+    lr.csv written a row at a time (a stopped run resumes), and plan.csv's lr column filled
+    in. Returns ({arm: chosen rate}, trainings run)."""
+    path = folder / "lr.csv"
+    rows = _done(path, settings, files="plan.csv, lr.csv, quality.csv and reach.csv")
+    done = {(r["arm"], float(r["lr"])) for r in rows}
+    train_part, held = tuning_split(corpus.train, eval_bytes)
+    todo = [(name, rate) for name in arms for rate in lr_list if (name, rate) not in done]
+    ran = 0
+    for name, rate in todo:
+        kind, plan = arms[name][0], plans[name, length, budget]
+        model, seconds = train_arm(kind, plan, train_part, seed=seed, lr=rate, device=device)
+        bpc, _ = read_left_to_right(model, held, segment=reading_segment(kind, plan.config,
+                                                                         length))
+        rows.append({"arm": name, "kind": kind.name, "length": length, "budget": budget,
+                     "seed": seed, "lr": rate, "steps": plan.steps, "tune_bpc": bpc,
+                     "train_seconds": seconds, "chosen": False, "settings": settings})
+        chosen = chosen_rates(rows)
+        for r in rows:
+            r["chosen"] = float(r["lr"]) == chosen[r["arm"]]
+        write_csv(rows, path)
+        ran += 1
+        print(f"bench_all [rate {ran}/{len(todo)}] {name} at lr {rate:g}: {plan.steps} steps in "
+              f"{seconds:.1f} s, {bpc:.3f} bpc on the tuning bytes", flush=True)
+    chosen = chosen_rates(rows)
+    edge = [f"{a} ({chosen[a]:g})" for a in arms if chosen[a] in (lr_list[0], lr_list[-1])]
+    if edge:
+        print(f"bench_all: the best rate is at the edge of --lrs for {', '.join(edge)}: a rate "
+              "beyond it may be better", flush=True)
+    for key, row in planned.items():
+        row["lr"] = chosen.get(key[0], row.get("lr", ""))
+    write_csv(list(planned.values()), folder / "plan.csv")
+    return {name: chosen[name] for name in arms}, ran
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -489,7 +570,19 @@ def _counted(rows: list[dict]) -> str:
         raise ValueError(f"these rows counted training FLOPs under different policies "
                          f"({', '.join(sorted(policies))}): one row of the decision table "
                          f"cannot compare their budgets; run them again with one --flop-policy")
-    return f", FLOPs counted as {policies.pop() if policies else 'kernel'}"
+    return f", FLOPs counted as {policies.pop() if policies else 'kernel'}{_tuned(rows)}"
+
+
+def _tuned(rows: list[dict]) -> str:
+    """', learning rate chosen per arm from A, B, C (ARM RATE, ...)' for the rows of a run
+    with --lrs (they name their rate), else '' (one rate for every arm: the settings')."""
+    rates = {r["arm"]: float(r["lr"]) for r in rows if r.get("lr") not in (None, "")}
+    if not rates:
+        return ""
+    grid = json.loads(rows[0]["settings"]).get("lrs") if rows[0].get("settings") else None
+    return (", learning rate chosen per arm" + (f" from {', '.join(f'{g:g}' for g in grid)}"
+                                                if grid else "")
+            + f" ({', '.join(f'{a} {v:g}' for a, v in rates.items())})")
 
 
 def _top_reach(reach: list[dict]) -> list[dict]:

@@ -610,7 +610,8 @@ class SegTreeConfig:
     """Sizes of a SegTreeTransformer: windows of block_size bytes; rule 'segtree' (the
     minimal cover) or 'bpt' (k nodes per side and level); norm 'pre' (the book's) or 'post'
     (the paper's eq. 2); causal for language modelling; n_classes > 0 adds a classifier on
-    the root."""
+    the root; tie_head reads the logits through the byte embeddings (the other chapters'
+    models tie theirs; the book's SegTree keeps its own head unless asked)."""
 
     vocab_size: int = 256
     n_layer: int = 4
@@ -624,6 +625,7 @@ class SegTreeConfig:
     causal: bool = True
     n_classes: int = 0
     dropout: float = 0.0
+    tie_head: bool = False
     # A checkpoint written before a field existed meant this value of it (the first edition
     # had only BPT's rule); a field missing here has its default.
     LEGACY = {"rule": "bpt"}
@@ -686,6 +688,8 @@ class SegTreeTransformer(nn.Module):
         # pre-norm leaves the last block's output un-normalised; post-norm ends in a norm
         self.ln_f = nn.LayerNorm(c.d_model) if c.norm == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_head:
+            self.head.weight = self.tok.weight  # one [V, C] table reads bytes in and out
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         # The training length's graph is built now and moves with the model (`_apply`), so a
         # compiled forward over block_size bytes only reads constant tensors.

@@ -20,11 +20,15 @@ __all__ = ["segtree_memory", "SEGTREE"]
 def _segtree_flops(model: nn.Module) -> float:
     """Training FLOPs per token: 6N for the weights (applied to every node, leaves and internal,
     about 2 per byte) plus, per layer, the scores and weighted sums over the graph's edges,
-    12 C x edges per byte, counted in full."""
+    12 C x edges per byte, counted in full. The byte embedding is a lookup, not a product;
+    the head multiplies at the leaves only, tied to the embedding or not (a tied table is
+    one parameter, counted once by count_weights)."""
     c = model.config
     graph = segtree_graph(c.block_size, rule=c.rule, k=c.k, causal=c.causal)
     edges = sum(int(g.valid.sum()) for g in graph.groups)
-    node_params = count_weights(model) - model.tok.weight.numel() - model.head.weight.numel()
+    tied = model.head.weight is model.tok.weight
+    node_params = (count_weights(model) - model.tok.weight.numel()
+                   - (0 if tied else model.head.weight.numel()))
     per_byte = graph.n_nodes / c.block_size
     return 6 * (node_params * per_byte + model.head.weight.numel()) + (
         12 * c.n_layer * c.d_model * edges / c.block_size)
@@ -94,8 +98,12 @@ SEGTREE = ModelKind(
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
     flops=_segtree_flops, memory=segtree_memory, reach=window_reach,
-    bench={"segtree": BenchArm(help="Chapter 6's SegTree Transformer, the seed's rule"),
-           "bpt": BenchArm(model=dict(rule="bpt", k=4),
+    # every other arm's model ties its head to its embedding, so the bench ties this one too:
+    # the arms then differ in their attention, not in 15k untied output weights
+    bench={"segtree": BenchArm(model=dict(tie_head=True),
+                               help="Chapter 6's SegTree Transformer, the seed's rule, its "
+                                    "head tied to the byte embedding as the other arms' are"),
+           "bpt": BenchArm(model=dict(rule="bpt", k=4, tie_head=True),
                            help="the same model with BP-Transformer's rule, k = 4")},
     field_help={"block_size": "the window length",
                 "rule": "which nodes a leaf reads: segtree (the SegTree paper's minimal cover) "
@@ -103,5 +111,7 @@ SEGTREE = ModelKind(
                 "k": "nodes per side and level (--rule bpt only)",
                 "norm": "layer norm before (pre) or after (post) each sublayer",
                 "causal": "no right context (a language model must be causal)",
+                "tie_head": "read the logits through the byte embedding (one table in and "
+                            "out, as the other chapters' models; the bench's arms tie it)",
                 "n_classes": "classes read from the root (0 = none; a language model has "
                              "none)"})

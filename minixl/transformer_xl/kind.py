@@ -83,7 +83,11 @@ XL = ModelKind(
     reach=lambda c: memory_reach(c.tgt_len, c.mem_len, c.n_layer),
     bench={"xl": BenchArm(per_length=("mem_len",),
                           help="Chapter 4's Transformer-XL on ordered streams, a memory as long "
-                               "as its segment")},
+                               "as its segment"),
+           # the memory alone: the same model, data order, positions and reading, no memory
+           "xl-nomem": BenchArm(model=dict(mem_len=0),
+                                help="the same Transformer-XL with its memory switched off "
+                                     "(mem_len 0): segments still read in order")},
     field_help={
         "tgt_len": "the segment length", "mem_len": "memory length per layer (0 = none)",
         "clamp_len": "cap on relative distances (0 = none)", "d_head": "width of one head",
