@@ -113,9 +113,10 @@ def arm_config(kind: ModelKind, arm: BenchArm, length: int):
         raise ValueError(f"bench arm of --model {kind.name}: {', '.join(wrong)} "
                          f"{'is not a field' if len(wrong) == 1 else 'are not fields'} of "
                          f"{type(base).__name__}")
-    was = getattr(base, kind.length)
     base = replace(base, **arm.model)  # per_length keeps the arm's own ratio where it sets one
-    scaled = {f: max(1, round(getattr(base, f) * length / was)) for f in arm.per_length}
+    was = getattr(base, kind.length)
+    scaled = {f: max(1, round(getattr(base, f) * length / was)) if getattr(base, f) else 0
+              for f in arm.per_length}
     return replace(base, **scaled, **{kind.length: length})
 
 

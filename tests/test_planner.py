@@ -16,7 +16,7 @@ from minixl.planner import (FLOPS_TOLERANCE, PARAMS_TOLERANCE, arm_config, at_le
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
-BOOK_ARMS = {"char", "char+aux", "shaw", "xl", "xlnet", "segtree", "bpt"}
+BOOK_ARMS = {"char", "char+aux", "shaw", "xl", "xl-nomem", "xlnet", "segtree", "bpt"}
 SETTING = dict(budget=1e12, params=200_000, length=128, batch_size=8)
 
 

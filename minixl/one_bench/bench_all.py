@@ -51,7 +51,7 @@ __all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", 
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
-TUNE_COLUMNS = ("arm", "kind", "length", "budget", "seed", "lr", "steps", "tune_bpc",
+TUNE_COLUMNS = ("arm", "kind", "length", "budget", "seed", "lr", "params", "steps", "tune_bpc",
                 "train_seconds", "chosen", "settings")
 REACH_COLUMNS = ("arm", "kind", "length", "budget", "seed", "band", "low", "high", "cases",
                  "accuracy", "bits", "reach", "reachable", "settings")
@@ -130,7 +130,7 @@ def _settings(**values) -> str:
 
 
 def _done(path: Path, settings: str, *, writer: str = "bench_all",
-          files: str = "plan.csv, quality.csv and reach.csv") -> list[dict]:
+          files: str = "plan.csv, lr.csv, quality.csv and reach.csv") -> list[dict]:
     """The rows a stopped run wrote, refused when they were made with other settings (the
     message names the entry that writes the file and the files to delete to start over)."""
     if not path.exists():
@@ -201,10 +201,11 @@ def _float_list(text: str, name: str) -> list[float]:
 
 def chosen_rates(rows: list[dict]) -> dict[str, float]:
     """{arm: its learning rate} from lr.csv's rows: the rate of the lowest tuning bpc (a tie
-    goes to the smaller rate)."""
+    goes to the smaller rate; a score that is not a number, a run that diverged, loses)."""
     best: dict[str, tuple[float, float]] = {}
     for r in rows:
-        key = (float(r["tune_bpc"]), float(r["lr"]))
+        bpc = float(r["tune_bpc"])
+        key = (bpc if math.isfinite(bpc) else math.inf, float(r["lr"]))
         if r["arm"] not in best or key < best[r["arm"]]:
             best[r["arm"]] = key
     return {arm: rate for arm, (_, rate) in best.items()}
@@ -295,7 +296,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                                  f"{folder / 'plan.csv'} was written ({old['params']} "
                                  f"parameters, {old['steps']} steps; now {plan.params}, "
                                  f"{plan.steps}): give another --csv, or delete its folder's "
-                                 "plan.csv, quality.csv and reach.csv to start over")
+                                 "plan.csv, lr.csv, quality.csv and reach.csv to start over")
             if lr_list:  # a tuned run's plan names each arm's rate, once it is chosen
                 row["lr"] = "" if old is None else old.get("lr", "")
             planned[name, length, budget] = row
@@ -317,10 +318,10 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                  + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
                        for a in arms))
         try:
-            if lr_list:
-                rates, ran = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
-                                   length=min(length_list), budget=min(budget_list),
-                                   seed=seed_list[0], eval_bytes=eval_bytes, device=device)
+            if lr_list:  # its trainings are lr.csv's rows, not points of runs.csv
+                rates = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
+                              length=min(length_list), budget=min(budget_list),
+                              seed=min(seed_list), eval_bytes=eval_bytes, device=device)
             for name, length, budget, seed in points:
                 if (name, length, budget, seed) in done_q:
                     continue
@@ -383,13 +384,24 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
 
 
 def _tune(arms, plans, planned, corpus, folder, settings, lr_list, *, length, budget, seed,
-          eval_bytes, device) -> tuple[dict[str, float], int]:
-    """Each arm trained at each rate of lr_list at (length, budget), from `seed`, on the
-    training split less its last bytes, and read left to right on those (`tuning_split`);
-    lr.csv written a row at a time (a stopped run resumes), and plan.csv's lr column filled
-    in. Returns ({arm: chosen rate}, trainings run)."""
+          eval_bytes, device) -> dict[str, float]:
+    """Each arm trained at each rate of lr_list at (length, budget), from `seed` (the
+    smallest), on the training split less its last bytes, and read left to right on those
+    (`tuning_split`); lr.csv written a row at a time (a stopped run resumes), and plan.csv's
+    lr column filled in. A row of lr.csv tuned elsewhere (another length, budget or seed, a
+    plan of other parameters or steps) is refused. Returns {arm: chosen rate}."""
     path = folder / "lr.csv"
-    rows = _done(path, settings, files="plan.csv, lr.csv, quality.csv and reach.csv")
+    rows = _done(path, settings)
+    for r in rows:
+        plan = plans.get((r["arm"], length, budget))
+        here = (length, budget, seed) + ((plan.params, plan.steps) if plan else ())
+        found = (int(r["length"]), float(r["budget"]), int(r["seed"])) + (
+            (int(r["params"]), int(r["steps"])) if plan else ())
+        if found != here:
+            raise ValueError(f"{path} tuned {r['arm']} at length, budget, seed"
+                             f"{', params, steps' if plan else ''} {found}, not at this run's "
+                             f"{here}: every arm's rate is chosen at one point; delete "
+                             f"{path.name} (and plan.csv, quality.csv, reach.csv) to start over")
     done = {(r["arm"], float(r["lr"])) for r in rows}
     train_part, held = tuning_split(corpus.train, eval_bytes)
     todo = [(name, rate) for name in arms for rate in lr_list if (name, rate) not in done]
@@ -400,11 +412,14 @@ def _tune(arms, plans, planned, corpus, folder, settings, lr_list, *, length, bu
         bpc, _ = read_left_to_right(model, held, segment=reading_segment(kind, plan.config,
                                                                          length))
         rows.append({"arm": name, "kind": kind.name, "length": length, "budget": budget,
-                     "seed": seed, "lr": rate, "steps": plan.steps, "tune_bpc": bpc,
-                     "train_seconds": seconds, "chosen": False, "settings": settings})
+                     "seed": seed, "lr": rate, "params": plan.params, "steps": plan.steps,
+                     "tune_bpc": bpc, "train_seconds": seconds, "chosen": False,
+                     "settings": settings})
         chosen = chosen_rates(rows)
+        whole = {a for a in chosen  # an arm's rate is chosen once all its rates are scored
+                 if {float(r["lr"]) for r in rows if r["arm"] == a} >= set(lr_list)}
         for r in rows:
-            r["chosen"] = float(r["lr"]) == chosen[r["arm"]]
+            r["chosen"] = r["arm"] in whole and float(r["lr"]) == chosen[r["arm"]]
         write_csv(rows, path)
         ran += 1
         print(f"bench_all [rate {ran}/{len(todo)}] {name} at lr {rate:g}: {plan.steps} steps in "
@@ -417,7 +432,7 @@ def _tune(arms, plans, planned, corpus, folder, settings, lr_list, *, length, bu
     for key, row in planned.items():
         row["lr"] = chosen.get(key[0], row.get("lr", ""))
     write_csv(list(planned.values()), folder / "plan.csv")
-    return {name: chosen[name] for name in arms}, ran
+    return {name: chosen[name] for name in arms}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -440,7 +455,7 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
     twice. Returns the quality and reach rows."""
     folders = [Path(f) for f in folders]
     out = Path(out)
-    plan, quality, reach, runs, grids = {}, {}, {}, [], {}
+    plan, quality, reach, runs, grids, tuned = {}, {}, {}, [], {}, {}
     for folder in folders:
         rows = read_rows(folder / "quality.csv")
         if not rows:
@@ -464,6 +479,13 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
                                      f"{folder}): give each process its own arms or seeds")
                 table[key] = r
         runs += [dict(r, folder=str(folder)) for r in read_rows(folder / "runs.csv")]
+        for r in read_rows(folder / "lr.csv"):  # a tuned run's rates: one process an arm
+            key = (r["arm"], float(r["lr"]))
+            if key in tuned and tuned[key] != r:
+                raise ValueError(f"{r['arm']} was tuned at lr {key[1]:g} in two folders (one "
+                                 f"is {folder}): give each arm's seeds one process, or tune "
+                                 "every arm in one run first")
+            tuned[key] = r
     settings = {r["settings"] for r in [*quality.values(), *reach.values(), *plan.values()]}
     if len(settings) != 1:
         raise ValueError(f"the folders were run with different settings: {sorted(settings)}")
@@ -488,6 +510,9 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
         write_csv(reach_rows, out / "reach.csv")
     if runs:
         write_csv(runs, out / "runs.csv")
+    if tuned:
+        write_csv(sorted(tuned.values(), key=lambda r: (order.index(r["arm"]), float(r["lr"]))),
+                  out / "lr.csv")
     write_decisions(out, quality_rows, reach_rows)
     plot_bench(out, quality_rows, reach_rows)
     return quality_rows, reach_rows

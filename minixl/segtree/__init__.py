@@ -688,8 +688,9 @@ class SegTreeTransformer(nn.Module):
         # pre-norm leaves the last block's output un-normalised; post-norm ends in a norm
         self.ln_f = nn.LayerNorm(c.d_model) if c.norm == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_head:
-            self.head.weight = self.tok.weight  # one [V, C] table reads bytes in and out
+        if c.tie_head:  # one [V, C] table reads bytes in and out; tying is the one change:
+            self.head.weight = self.tok.weight  # the table keeps the embedding's N(0, 1), so
+            # the first logits spread about sqrt(C) (Chapter 1's model starts its at N(0, 0.02))
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         # The training length's graph is built now and moves with the model (`_apply`), so a
         # compiled forward over block_size bytes only reads constant tensors.
