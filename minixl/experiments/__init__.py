@@ -511,7 +511,7 @@ register(Experiment(
      Option("reach_eval", int, 200, "held-out reach records per seed"),
      Option("lr", float, 2e-3, "peak learning rate, every contestant (unless --lrs)"),
      Option("lrs", str, None, "comma-separated peak learning rates (at least three): each "
-            "arm is first trained at each, at the smallest budget and length on the first "
+            "arm is first trained at each, at the smallest budget and length on the smallest "
             "seed, scored on the training split's last bytes (held out of those runs), and "
             "the best is that arm's rate (lr.csv, plan.csv)"),
      _FLOP_POLICY, _CUDA_DEVICE, _THREADS,

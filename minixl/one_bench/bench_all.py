@@ -15,11 +15,11 @@ and reach.csv beside it, each point as soon as it is done, so a run stopped half
 where it was: the points already written are kept (when they were made with the same
 settings and the same plan) and only the others run; more seeds, lengths or models may be
 added to a finished run the same way. With `--lrs` each arm first trains at every rate given,
-at the smallest budget and length on the first seed, and is scored left to right on the
+at the smallest budget and length on the smallest seed, and is scored left to right on the
 training split's last bytes (held out of those runs, never the held-out text the tables
-read); the best rate is the arm's for every point (lr.csv, and plan.csv's lr column). Nothing here names a model:
-the contestants are the kinds' bench arms, and `--models` may add a kind of your own
-(MODULE:NAME).
+read); the best rate is the arm's for every point (lr.csv, and plan.csv's lr column).
+Nothing here names a model: the contestants are the kinds' bench arms, and `--models` may
+add a kind of your own (MODULE:NAME).
 """
 
 from __future__ import annotations
@@ -452,7 +452,8 @@ def merge_runs(folders: list, out) -> tuple[list[dict], list[dict]]:
     from the joined rows as `bench_all` writes them (where an arm's rows stop short, a
     process stopped early, the table's rows say which contestants they leave out). Refuses
     folders made with other settings, lengths, budgets or devices, and a plan or point found
-    twice. Returns the quality and reach rows."""
+    twice. A tuned run's lr.csv rows are joined too; an arm tuned in two folders is refused
+    (tune each arm in one process). Returns the quality and reach rows."""
     folders = [Path(f) for f in folders]
     out = Path(out)
     plan, quality, reach, runs, grids, tuned = {}, {}, {}, [], {}, {}
