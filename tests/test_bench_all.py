@@ -560,3 +560,21 @@ def test_the_tuning_bytes_are_the_training_splits_tail_and_never_trained_on():
             "tune_bpc": "2.5"}, {"arm": "a", "lr": "0.002", "tune_bpc": "2.5"},
             {"arm": "b", "lr": "0.001", "tune_bpc": "1.0"}]
     assert chosen_rates(rows) == {"a": 0.002, "b": 0.001}  # a tie goes to the smaller rate
+
+
+def test_merging_refuses_an_arm_tuned_in_two_folders(tmp_path):
+    """Two processes that each tuned the same arm (at their own seeds) would give it two
+    rates: merge_runs says so instead of keeping either."""
+    from minixl.experiments import write_csv
+    from minixl.one_bench.bench_all import merge_runs
+
+    for seed in (0, 1):
+        f = tmp_path / f"seed{seed}"
+        write_csv([{"arm": "char", "length": 32, "budget": 1e9, "seed": seed, "settings": "s"}],
+                  f / "quality.csv")
+        write_csv([{"arm": "char", "length": 32, "budget": 1e9, "settings": "s"}], f / "plan.csv")
+        write_csv([{"arm": "char", "lr": 0.01, "seed": seed, "tune_bpc": 3.0 + seed}],
+                  f / "lr.csv")
+    with pytest.raises(ValueError, match="char was tuned at lr 0.01 in two folders"):
+        merge_runs([tmp_path / "seed0", tmp_path / "seed1"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
