@@ -40,6 +40,26 @@ def _bench(out: Path, *extra: str, code: int = 0) -> subprocess.CompletedProcess
     return r
 
 
+def _untrained_bpc(arms: list[str], *, seed: int) -> dict[str, float]:
+    """Each arm's model as the tiny bench plans and seeds it, untrained, read left to right
+    on the tiny bench's held-out bytes."""
+    from minixl.data import load_corpus
+    from minixl.one_bench.bench_all import reading_segment
+    from minixl.planner import bench_arms, plan_bench
+
+    every = bench_arms()
+    held = load_corpus("pydoc").valid[:1024]
+    out = {}
+    for plan in plan_bench(budget=1e9, params=20_000, length=32, batch_size=4,
+                           arms={a: every[a] for a in arms}):
+        kind = every[plan.arm][0]
+        torch.manual_seed(seed)
+        model = kind.build(plan.config).eval()
+        out[plan.arm], _ = read_left_to_right(model, held,
+                                              segment=reading_segment(kind, plan.config, 32))
+    return out
+
+
 @pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reach_task(
         tmp_path):
@@ -58,8 +78,14 @@ def test_the_tiny_bench_runs_every_contestant_through_both_readings_and_the_reac
         assert p["matched"] == "True", p
         assert abs(float(p["params_off"])) <= PARAMS_TOLERANCE
         assert abs(float(p["flops_off"])) <= FLOPS_TOLERANCE
+    # every arm learned: it reads the held-out bytes better than the same model untrained
+    # (an absolute bound would not do: the tied SegTree arms start from N(0, 1) logits far
+    # worse than a uniform guess, and 1e9 FLOPs leave them above 8 bits)
+    untrained = _untrained_bpc(arms[:-1], seed=0)  # the bigram plug-in is not a book arm
     for q in quality:
-        assert 0 < float(q["own_bpc"]) < 9 and 0 < float(q["common_bpc"]) < 9, q
+        assert 0 < float(q["own_bpc"]) and 0 < float(q["common_bpc"]) < 12, q
+        if q["arm"] in untrained:
+            assert float(q["common_bpc"]) < untrained[q["arm"]] - 0.5, (q, untrained)
     assert {q["arm"]: q["own_protocol"] for q in quality}["xl"] == "memory"
     assert {q["arm"]: q["own_protocol"] for q in quality}["xlnet"] == "infill"
     for arm in arms:
