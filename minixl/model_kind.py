@@ -39,7 +39,7 @@ from .options import Option, flag
 
 __all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "check_flop_policy",
            "with_overrides", "not_for", "TINY_TRAIN", "SMALL_TRAIN", "count_weights",
-           "window_reach"]
+           "window_reach", "window_kernel"]
 
 
 # How a kind's FLOPs are counted. 'kernel': what an eager attention kernel computes, the
@@ -94,13 +94,18 @@ class BenchArm:
     and objective options on top of its bench preset (`preset`, default 'tiny' where the kind
     has one, else its first), the config fields that keep their ratio to the bench's length
     (a memory as long as the segment, the bytes predicted per window: the ratio of the arm's
-    value where `model` sets one, else the preset's), and a line of help."""
+    value where `model` sets one, else the preset's), a line of help, and whether it is a
+    control (see the field)."""
 
     model: dict = field(default_factory=dict)
     objective: dict = field(default_factory=dict)
     per_length: tuple[str, ...] = ()
     preset: str | None = None
     help: str = ""
+    # a control: it isolates one change against another arm for the quality bench (XL with no
+    # memory); the cost-against-length sweep leaves it out unless named, its context not
+    # being a mechanism's answer to a long text
+    control: bool = False
 
 
 # Training settings that most kinds' presets share. tiny: a few CPU minutes; small: a long
@@ -160,6 +165,10 @@ class ModelKind:
     # measured to train faster under bf16 autocast on a CPU with fast bf16 (AMX, AVX512-BF16),
     # at no worse bpc: `minixl train --dtype auto` (the default) picks bf16 there
     cpu_bf16: bool = False
+    # what runs its attention and what a call of one byte reuses, in a line, from a config
+    # (an eager kernel that writes its weights out or a fused one; a memory or cache carried,
+    # or the window read again): named in the cost sweep's rows. None: not stated
+    kernel: Callable[[object], str] | None = None
 
     def __post_init__(self):
         names = {f.name for f in fields(self.config)}
@@ -311,6 +320,10 @@ class ModelKind:
         """The preset an arm starts from: its own, else 'tiny', else the first."""
         return arm.preset or ("tiny" if "tiny" in self.presets else next(iter(self.presets)))
 
+    def kernel_note(self, model_cfg) -> str:
+        """What runs a model of this config (`kernel`), or 'not stated by its kind'."""
+        return self.kernel(model_cfg) if self.kernel is not None else "not stated by its kind"
+
     def help_for(self, field_name: str) -> str:
         return self.field_help.get(field_name, COMMON_FIELD_HELP.get(field_name, ""))
 
@@ -324,6 +337,14 @@ def window_reach(config) -> tuple[int, str]:
     """The reach of a model that reads a window (config.block_size): a byte is predicted from
     at most the window's worth of bytes before it."""
     return config.block_size, f"a window of {config.block_size} bytes"
+
+
+def window_kernel(what: str):
+    """A `ModelKind.kernel` for a model that reads a window: `what` runs its attention, and a
+    call of one byte reads the window's earlier bytes again (no key/value cache)."""
+    def kernel(config) -> str:
+        return f"{what}; a one-byte call reads its window again (no key/value cache)"
+    return kernel
 
 
 def _streams(data, batch_size: int, length: int, *, seed: int):

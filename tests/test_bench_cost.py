@@ -35,11 +35,12 @@ def test_cost_rows_and_memory_that_grows_with_the_attention(tmp_path):
     """Shaw's training step keeps an n x n x d table of relative vectors per layer, the
     SegTree model's edges grow like n log n: at four times the length Shaw's step adds more
     than four times the memory, and at 1,024 bytes the SegTree step adds less than a third of
-    Shaw's. Every point fits, has its segment (a quarter of a window; an XL segment is the
-    length) and times."""
+    Shaw's. Every point fits, has its segment (a quarter of a window; XL reads in segments
+    of the shape length, 128 here, with a memory as long as the text) and its kernel, and
+    times."""
     out = tmp_path / "cost.csv"
     _cost(out, "--lengths", "256,1024", "--models", "shaw,xl,segtree", "--rounds", "2",
-          "--gen-bytes", "2")
+          "--gen-bytes", "2", "--shape-length", "128")
     rows = _read(out)
     assert tuple(rows[0]) == COST_COLUMNS
     assert [(r["arm"], r["length"]) for r in rows] == [
@@ -47,12 +48,48 @@ def test_cost_rows_and_memory_that_grows_with_the_attention(tmp_path):
     got = {(r["arm"], int(r["length"])): r for r in rows}
     for (arm, n), r in got.items():
         assert r["fits"] == "True" and r["note"] == "" and r["rounds"] == "2", r
-        assert int(r["segment"]) == (n if arm == "xl" else n // 4)
+        assert int(r["segment"]) == (128 if arm == "xl" else n // 4)
+        assert int(r["memory"]) == (n if arm == "xl" else 0)
         for what in ("train", "read", "generate"):
             assert float(r[f"{what}_ms_per_byte"]) > 0, r
+    assert got["shaw", 256]["kernel"].startswith("eager: the n x n scores")
+    assert "no key/value cache" in got["segtree", 1024]["kernel"]
+    assert "a memory of 1024 states" in got["xl", 1024]["kernel"]
+    assert "cached keys and values" in got["xl", 1024]["kernel"]
     mb = {k: float(r["train_peak_mb"]) for k, r in got.items()}
     assert mb["shaw", 1024] > 4 * mb["shaw", 256], mb
     assert mb["segtree", 1024] < mb["shaw", 1024] / 3, mb
+    # XL's step is a segment of 128 over its memory: at four times the text its scores grow
+    # from 128 x 384 to 128 x 1,152 keys, not from 256 x 512 to 1,024 x 2,048
+    assert mb["xl", 1024] < 4 * mb["xl", 256], mb
+
+
+@pytest.mark.slow
+def test_xl_reads_a_text_too_long_for_one_window_in_segments(tmp_path):
+    """Under a cap that one window of the text does not fit in (Shaw's step at 2,048 bytes
+    writes 2,048 x 2,048 weights and more per head and layer), XL, reading the same text in
+    segments of 64 with its memory filled to 2,048 states, fits; the control arm (XL with no
+    memory) comes only when named."""
+    out = tmp_path / "cost.csv"
+    r = _cost(out, "--lengths", "2048", "--models", "shaw,xl", "--rounds", "1",
+              "--gen-bytes", "1", "--shape-length", "64", "--params", "20000",
+              "--memory-limit-gb", "0.4")
+    got = {row["arm"]: row for row in _read(out)}
+    assert got["shaw"]["fits"] == "False" and got["shaw"]["note"].startswith("does not fit"), got
+    assert got["xl"]["fits"] == "True", got
+    assert (int(got["xl"]["segment"]), int(got["xl"]["memory"])) == (64, 2048)
+    assert "bench_cost memory: xl at 2048:" in r.stdout
+
+
+def test_the_cost_sweep_leaves_the_control_arms_out_unless_named():
+    from minixl.one_bench.bench_all import contestants
+    from minixl.one_bench.bench_cost import cost_arms
+
+    every = list(contestants(None))
+    assert "xl-nomem" in every and "xl" in every
+    assert cost_arms() == [a for a in every if a != "xl-nomem"]
+    assert cost_arms("xl-nomem,char") == ["xl-nomem", "char"]
+    assert "xl-nomem" in cost_arms("xl,xl-nomem")
 
 
 @pytest.mark.slow

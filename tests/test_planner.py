@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from minixl.kinds import KINDS
 from minixl.model_kind import BenchArm
 from minixl.planner import (FLOPS_TOLERANCE, PARAMS_TOLERANCE, arm_config, at_length, bench_arms, plan_arm,
-                            plan_bench)
+                            plan_bench, sized_config)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -296,3 +296,26 @@ def test_the_bench_ties_every_arms_head_and_a_tied_head_costs_no_fewer_flops():
         after = model(x).detach()
         assert torch.equal(before[..., :7], after[..., :7])
         assert (not torch.allclose(before[..., 7], after[..., 7])) == moves
+
+
+@pytest.mark.parametrize("arm", sorted(BOOK_ARMS))
+def test_each_arms_kernel_line_says_what_a_one_byte_call_reuses(arm):
+    """The cost sweep's `kernel` column: a window model's line says a one-byte call reads its
+    window again, and its state after a call is that window's bytes; XL's says the memory's
+    keys and values are cached, and in inference its state is that cache (section 4.11)."""
+    from minixl.transformer_xl import KVCache
+
+    kind, spec = bench_arms()[arm]
+    config = sized_config(arm_config(kind, spec, 16), 32, 2)
+    note = kind.kernel_note(config)
+    torch.manual_seed(0)
+    model = kind.build(config).eval()
+    with torch.no_grad():
+        _, state = model.step(torch.randint(0, 256, (1, 8)))
+    if "cached keys and values" in note:
+        assert isinstance(state, KVCache), (arm, note, type(state))
+    else:
+        assert "reads its window again" in note or "reads the last" in note, note
+        assert torch.is_tensor(state) and not state.is_floating_point(), (arm, type(state))
+    assert note != "not stated by its kind"
+    assert ("fused" in note) == (arm in ("char", "char+aux")), note

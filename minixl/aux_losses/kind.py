@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ..char_transformer import CharTransformer, CharTransformerConfig
 from ..model_kind import (BenchArm, ModelKind, Objective, Preset, SMALL_TRAIN, TINY_TRAIN,
-                          count_weights, window_reach)
+                          count_weights, window_kernel, window_reach)
 from ..options import Option
 from . import AuxLossConfig, AuxLosses, AuxObjective
 
@@ -125,6 +125,8 @@ CHAR = ModelKind(
     CharTransformerConfig, CharTransformer, "block_size", CHAR_PRESETS,
     objective=AUX_OBJECTIVE, no_decay=("pos",),  # learned absolute positions [L, T, C]
     flops=char_flops, causal_flops=char_causal_flops, field_help=CHAR_FIELD_HELP, reach=window_reach, cpu_bf16=True,
+    kernel=window_kernel("PyTorch's fused causal attention (scaled_dot_product_attention: "
+                         "the n x n weights never written out)"),
     bench={"char": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 1's dense model, the next-byte loss at every position"),
            "char+aux": BenchArm(objective=dict(aux_losses="positions,layers,targets",

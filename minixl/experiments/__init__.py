@@ -528,18 +528,20 @@ register(Experiment(
     "peak memory per byte of a training step (memory in a fresh process, under a cap), of "
     "reading and of generating byte by byte; what does not fit is written as such",
     (Option("params", int, 200_000, "the parameter count every contestant is sized to"),
-     Option("lengths", str, "256,1024,4096,16384", "comma-separated window (or segment) "
-            "lengths"),
+     Option("lengths", str, "256,1024,4096,16384", "comma-separated text lengths: one "
+            "window of each for a window model; for a memory model (XL), segments of its "
+            "--shape-length with a memory grown to the length"),
      _SHAPE_LENGTH,
-     _MODELS,
+     Option("models", str, None, "comma-separated bench arms, model kinds or MODULE:NAME "
+            "(default: every registered kind's arms but the controls, XL with no memory)"),
      Option("rounds", int, 2, "interleaved rounds of the times (the fastest is kept, and "
             "the slowest beside it)"),
      Option("gen_bytes", int, 4, "bytes generated one at a time, timed"),
      Option("memory_limit_gb", float, 8.0, "the cap on what one training step may add "
             "(GiB)"),
      _THREADS),
-    ("arm", "length", "shape", "params", "segment", "fits", "train_peak_mb", "train_ms_per_byte",
-     "read_ms_per_byte", "generate_ms_per_byte", "note"),
+    ("arm", "length", "shape", "params", "segment", "memory", "fits", "train_peak_mb",
+     "train_ms_per_byte", "read_ms_per_byte", "generate_ms_per_byte", "note"),
     report="minixl.one_bench.bench_cost:report", beside=True,
     measured=("train_peak_mb", "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
               "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest")))

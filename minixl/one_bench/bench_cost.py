@@ -1,20 +1,33 @@
 """The bench's cost against length: for every contestant, sized as the bench sizes it
 (`minixl.planner`: one parameter count) at `--shape-length`, and kept at that width and depth
-at every window (or segment) length, the time and peak memory per byte of training, of
-reading a stream and of generating it byte by byte. (Sized again at each length instead, a
-model with a position table per layer, Chapter 1's, would spend its parameters on the table
-and be one layer of width 12 at 16,384 bytes: its cost would be that of another model.)
+at every length, the time and peak memory per byte of training, of reading a stream and of
+generating it byte by byte, each used on a text as its mechanism is meant to be:
+
+- a model that reads a window reads the whole length as one window;
+- a model that carries a memory (Transformer-XL: its kind reads ordered streams) reads the
+  text in segments of its length at `--shape-length`, its memory grown with the length (to
+  the length, for XL's memory as long as its segment): a step at 16,384 bytes is a segment
+  of 256 attending over a memory of 16,384 states, not one window of 16,384, which no user
+  of Transformer-XL would run.
+
+(Sized again at each length instead, a model with a position table per layer, Chapter 1's,
+would spend its parameters on the table and be one layer of width 12 at 16,384 bytes: its
+cost would be that of another model.) Each row names its segment, its memory and its kernel
+(`ModelKind.kernel`: what runs the attention, and what a one-byte call reuses). A control
+arm (`BenchArm.control`: XL with no memory) is left out unless `--models` names it.
 
 Hand-written (not generated). For each arm and length:
 
-- **training memory**: two training steps (forward, backward, AdamW: the trainer's own
-  `train_step`) on one row of `length` random bytes, the second with the state the first
-  leaves (a Transformer-XL's memory of `length` bytes), in a fresh process whose address
-  space is capped at `--memory-limit-gb` above what it holds before them; the peak resident
-  memory they add (VmHWM, reset before them; Linux). A point that does not fit under the
+- **training memory**: the training steps (forward, backward, AdamW: the trainer's own
+  `train_step`) over one row of `length` random bytes in its segments, then one more
+  segment, each step with the state the one before leaves (a window model: two steps of
+  the window; XL: its memory filled to `length` states before the last step), in a fresh
+  process whose address space is capped at `--memory-limit-gb` above what it holds before
+  them; the peak resident memory they add (VmHWM, reset before them; Linux). A point that does not fit under the
   cap is written as such ("does not fit": the allocation that failed), it does not crash
   the run; any other error does;
-- **training time** per byte: the second of those steps, timed in this process;
+- **training time** per byte: the last of those steps, timed in this process, divided by
+  its segment;
 - **reading** per byte: the model protocol (``model.step``) carried over `length` bytes as
   `read_left_to_right` reads them (a window kind in quarters of its window, a memory kind a
   segment at a time), then one more call timed, divided by the bytes it reads;
@@ -33,6 +46,7 @@ is the cost on the machine a reader has.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import json
 import os
 import platform
@@ -50,9 +64,10 @@ from ..planner import at_length, plan_bench
 from ..training import ModelWithLoss, TrainConfig, make_optimizer, train_step
 from .bench_all import contestants, read_rows, reading_segment, write_decisions
 
-__all__ = ["COST_COLUMNS", "bench_cost", "memory_point", "report", "plot_cost"]
+__all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "memory_point", "report", "plot_cost"]
 
-COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "fits", "train_peak_mb",
+COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "memory", "kernel",
+                "fits", "train_peak_mb",
                 "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
                 "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest", "note",
                 "rounds", "threads", "cpus", "machine", "torch")
@@ -60,10 +75,12 @@ COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "fits", "
 
 @functools.lru_cache(maxsize=None)
 def _plan(arm: str, length: int, params: int, shape_length: int):
-    """(kind, config, objective options, parameters): the arm sized by the planner to `params`
-    at `shape_length`, then given `length` at that width and depth (what grows with the
-    length, a position table, grows; a memory keeps its ratio to the length). Cached: the
-    width search runs once per point, not once per round."""
+    """(kind, plan: config, objective options, parameters, segment): the arm sized by the
+    planner to `params` at `shape_length`, then given `length` at that width and depth (what
+    grows with the length, a position table, grows; a memory keeps its ratio to the length).
+    A kind that reads ordered streams keeps its segment at `shape_length` (or `length`, where
+    shorter) and reads the text in segments. Cached: the width search runs once per point,
+    not once per round."""
     from types import SimpleNamespace
 
     arms = contestants(arm)
@@ -71,29 +88,40 @@ def _plan(arm: str, length: int, params: int, shape_length: int):
                         arms=arms)
     kind, spec = arms[row.arm]
     config, weights, _ = at_length(kind, spec, row, length)
-    return kind, SimpleNamespace(config=config, objective=row.objective, params=weights)
+    if kind.reads_streams(config):  # a memory carries the text: segments, not one window
+        config = replace(config, **{kind.length: min(length, shape_length)})
+    return kind, SimpleNamespace(config=config, objective=row.objective, params=weights,
+                                 segment=getattr(config, kind.length),
+                                 memory=getattr(config, "mem_len", 0)
+                                 if kind.reads_streams(config) else 0)
 
 
 def _setup(arm: str, length: int, params: int, shape_length: int, seed: int = 0):
-    """The model, its trainer and one row of random bytes, as the bench builds them."""
+    """The model, its trainer and one row of random bytes to train on, as the bench builds
+    them: `length` bytes and one segment more (a window model: two windows)."""
     kind, plan = _plan(arm, length, params, shape_length)
     torch.manual_seed(seed)
     model = kind.build(plan.config)
     net = ModelWithLoss(model, kind.build_objective(plan.config, plan.objective))
     opt = make_optimizer([model, net.objective_weights], TrainConfig(steps=1, batch_size=1),
                          torch.device("cpu"), no_decay=kind.no_decay)
-    data = torch.randint(0, 256, (1, length + 1), generator=torch.Generator().manual_seed(seed))
+    data = torch.randint(0, 256, (1, length + plan.segment + 1),
+                         generator=torch.Generator().manual_seed(seed))
     return kind, plan, model, net, opt, data
 
 
-def _train_steps(net, opt, data) -> float:
-    """Two training steps, the second with the state the first leaves (a Transformer-XL's
-    memory: its second step attends over the memory and the segment, as in training; the
-    first also makes AdamW's state). Returns the seconds of the second."""
-    _, state, _ = train_step(net, opt, data[:, :-1], data[:, 1:])
-    t0 = time.perf_counter()
-    train_step(net, opt, data[:, :-1], data[:, 1:], state)
-    return time.perf_counter() - t0
+def _train_steps(net, opt, data, segment: int) -> float:
+    """Training steps over `data` in segments of `segment` bytes in order, each with the
+    state the one before leaves (the first also makes AdamW's state; a Transformer-XL's
+    memory fills, so that the last step attends over a full memory and its segment, as in
+    training on a long text). Returns the seconds of the last."""
+    state, seconds = None, 0.0
+    for start in range(0, data.size(1) - 1, segment):
+        x, y = data[:, start:start + segment], data[:, start + 1:start + segment + 1]
+        t0 = time.perf_counter()
+        _, state, _ = train_step(net, opt, x, y, state)
+        seconds = time.perf_counter() - t0
+    return seconds
 
 
 _OUT_OF_MEMORY = ("can't allocate memory", "Cannot allocate memory", "std::bad_alloc",
@@ -107,7 +135,7 @@ def memory_point(arm: str, length: int, params: int, shape_length: int,
     'train_peak_mb': the most resident memory they added, MiB} or {'fits': False, 'note':
     the allocation that failed}. Any other error is raised. Linux (it reads /proc). Run it in
     a fresh process (the command does): the cap stays on."""
-    *_, net, opt, data = _setup(arm, length, params, shape_length)
+    _, plan, _, net, opt, data = _setup(arm, length, params, shape_length)
     with open("/proc/self/status") as f:
         size = next(int(line.split()[1]) for line in f if line.startswith("VmSize:")) * 1024
     cap = size + int(limit_gb * 2 ** 30)
@@ -117,7 +145,7 @@ def memory_point(arm: str, length: int, params: int, shape_length: int,
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     before = peak_rss_mb(reset=True)
     try:
-        _train_steps(net, opt, data)
+        _train_steps(net, opt, data, plan.segment)
     except (RuntimeError, MemoryError) as err:
         text = str(err).strip()
         if not isinstance(err, MemoryError) and not any(m in text for m in _OUT_OF_MEMORY):
@@ -152,7 +180,7 @@ def _memory_in_fresh_process(arm: str, length: int, params: int, shape_length: i
 def _read_and_generate(kind, plan, model, data, length: int, gen_bytes: int):
     """(segment, seconds per byte of one call reading a segment, seconds per generated byte)
     after reading `length` bytes as the common protocol does."""
-    segment = reading_segment(kind, plan.config, length)
+    segment = reading_segment(kind, plan.config, plan.segment)
     model.eval()
     stream = torch.randint(0, 256, (1, length + segment + gen_bytes),
                            generator=torch.Generator().manual_seed(1))
@@ -171,6 +199,13 @@ def _read_and_generate(kind, plan, model, data, length: int, gen_bytes: int):
     return segment, read, generate
 
 
+def cost_arms(models: str | None = None) -> list[str]:
+    """The arms the sweep measures: those `models` names (controls included), else every
+    registered arm that is not a control (`BenchArm.control`)."""
+    return [name for name, (_, spec) in contestants(models).items()
+            if models or not spec.control]
+
+
 def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
                shape_length: int = 256, models: str | None = None, rounds: int = 2,
                gen_bytes: int = 4,
@@ -184,7 +219,7 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
         raise ValueError(f"need --params >= 1, --rounds >= 1, --gen-bytes >= 1, "
                          f"--memory-limit-gb > 0 and --shape-length >= 8; got {params}, "
                          f"{rounds}, {gen_bytes}, {memory_limit_gb} and {shape_length}")
-    arms = list(contestants(models))
+    arms = cost_arms(models)
     rows = {}
     for length in length_list:
         for arm in arms:
@@ -195,8 +230,8 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
             rows[arm, length] = {
                 "arm": arm, "kind": kind.name, "length": length,
                 "shape": f"{getattr(c, 'n_layer', '?')} x {getattr(c, 'd_model', '?')}",
-                "params": plan.params,
-                "segment": None, "fits": point["fits"],
+                "params": plan.params, "segment": None,
+                "memory": plan.memory, "kernel": kind.kernel_note(c), "fits": point["fits"],
                 "train_peak_mb": point.get("train_peak_mb"), "note": point.get("note", ""),
                 "rounds": rounds, "threads": threads, "cpus": os.cpu_count(),
                 "machine": platform.processor() or platform.machine(),
@@ -213,7 +248,7 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
                         continue
                     kind, plan, model, net, opt, data = _setup(arm, length, params,
                                                                shape_length)
-                    train = _train_steps(net, opt, data) / length
+                    train = _train_steps(net, opt, data, plan.segment) / plan.segment
                     segment, read, generate = _read_and_generate(kind, plan, model, data,
                                                                  length, gen_bytes)
                     rows[arm, length]["segment"] = segment

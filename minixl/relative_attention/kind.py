@@ -13,7 +13,7 @@ import torch.nn as nn
 from ..aux_losses.kind import (AUX_OBJECTIVE, CHAR_FIELD_HELP, CHAR_PRESETS, char_causal_flops,
                                char_flops)
 from ..char_transformer import CharTransformer, CharTransformerConfig
-from ..model_kind import BenchArm, ModelKind, window_reach
+from ..model_kind import BenchArm, ModelKind, window_kernel, window_reach
 from . import shaw_factory
 
 __all__ = ["ShawConfig", "SHAW"]
@@ -62,6 +62,9 @@ SHAW = ModelKind(
     objective=AUX_OBJECTIVE,
     no_decay=("w_k", "w_v"),  # relative positions a^K, a^V, one row per clipped distance
     flops=_shaw_flops, causal_flops=_shaw_causal_flops, reach=window_reach,
+    kernel=window_kernel("eager: the n x n scores and weights written out, Shaw's terms per "
+                         "clipped distance (Chapter 3's bucket form; the gathered one up to "
+                         "16 x 16 pairs)"),
     field_help=CHAR_FIELD_HELP | {"max_relative": "the clipping distance K of relative attention"},
     bench={"shaw": BenchArm(objective=dict(aux_losses="positions"),
                             help="Chapter 3's relative attention, no absolute positions")})

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch.nn as nn
 
-from ..model_kind import BenchArm, ModelKind, Preset, SMALL_TRAIN, TINY_TRAIN, count_weights, window_reach
+from ..model_kind import BenchArm, ModelKind, Preset, SMALL_TRAIN, TINY_TRAIN, count_weights, window_kernel, window_reach
 from . import SegTreeConfig, SegTreeTransformer, segtree_graph, tree_sizes
 
 __all__ = ["segtree_memory", "SEGTREE"]
@@ -93,11 +93,19 @@ _SEGTREE_PRESETS = {
                             "(about 790 GiB at batch 4 on the gathered path)"),
 }
 
+def _segtree_kernel(config) -> str:
+    what = ("Chapter 6's tree kernel (each leaf's causal cover, level by level, padded slots)"
+            if config.rule == "segtree" else
+            f"gathered attention over BPT's edges (k = {config.k}, padded to the most a node "
+            "has)")
+    return window_kernel(what)(config)
+
+
 SEGTREE = ModelKind(
     "segtree", "Chapter 6's SegTree Transformer (causal, tree attention, --rule, --k)",
     SegTreeConfig, _segtree_lm, "block_size", _SEGTREE_PRESETS,
     no_decay=("rel_k",),  # a key offset per edge type: the tree's relative positions
-    flops=_segtree_flops, memory=segtree_memory, reach=window_reach,
+    flops=_segtree_flops, memory=segtree_memory, reach=window_reach, kernel=_segtree_kernel,
     # every other arm's model ties its head to its embedding, so the bench ties this one too:
     # the arms then differ in their attention, not in 15k untied output weights
     bench={"segtree": BenchArm(model=dict(tie_head=True),

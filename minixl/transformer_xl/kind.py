@@ -74,18 +74,31 @@ _XL_PRESETS = {
                        "and mem 512 (20k steps, not 400k)"),
 }
 
+def _xl_kernel(config) -> str:
+    what = {"eager": "eager: scores and weights written out, the relative shift",
+            "sdpa": "PyTorch's fused attention (sdpa) with the relative terms as its mask",
+            "flex": "flex_attention, the relative terms computed in its score function"
+            }.get(config.attention_impl, config.attention_impl)
+    if not config.mem_len:
+        return (f"{what}; segments of {config.tgt_len}, no memory: a one-byte call reads "
+                f"the last {config.tgt_len - 1} bytes again")
+    return (f"{what}; segments of {config.tgt_len} and a memory of {config.mem_len} states "
+            "per layer: a one-byte call in inference reads the memory's cached keys and "
+            "values (section 4.11)")
+
+
 XL = ModelKind(
     "xl", "Chapter 4's Transformer-XL, on ordered streams with its memory carried",
     TransformerXLConfig, TransformerXL, "tgt_len", _XL_PRESETS, streams=True,
     protocols=("memory", "all-positions", "sliding"),
     no_decay=("r_w_bias", "r_r_bias"),  # the global content and position biases u, v [H, D]
     flops=_xl_flops, causal_flops=_xl_causal_flops, eval_overrides=("tgt_len", "mem_len", "clamp_len"),
-    reach=lambda c: memory_reach(c.tgt_len, c.mem_len, c.n_layer),
+    reach=lambda c: memory_reach(c.tgt_len, c.mem_len, c.n_layer), kernel=_xl_kernel,
     bench={"xl": BenchArm(per_length=("mem_len",),
                           help="Chapter 4's Transformer-XL on ordered streams, a memory as long "
                                "as its segment"),
            # the memory alone: the same model, data order, positions and reading, no memory
-           "xl-nomem": BenchArm(model=dict(mem_len=0),
+           "xl-nomem": BenchArm(model=dict(mem_len=0), control=True,
                                 help="the same Transformer-XL with its memory switched off "
                                      "(mem_len 0): segments still read in order")},
     field_help={

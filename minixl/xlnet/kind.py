@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch.nn as nn
 
-from ..model_kind import BenchArm, ModelKind, Objective, Preset, SMALL_TRAIN, TINY_TRAIN, count_weights
+from ..model_kind import BenchArm, ModelKind, Objective, Preset, SMALL_TRAIN, TINY_TRAIN, count_weights, window_kernel
 from ..transformer_xl.kind import memory_reach
 from . import PermutationObjective, XLNet, XLNetConfig, xlnet_batches
 
@@ -84,6 +84,14 @@ def _has_memory(config) -> bool:
     return config.mem_len > 0
 
 
+def _xlnet_kernel(config) -> str:
+    what = ("eager two-stream attention: scores and weights written out for both streams, "
+            "the relative shift")
+    if config.mem_len:
+        return f"{what}; a memory of {config.mem_len} states per layer carried"
+    return window_kernel(what)(config)
+
+
 XLNET = ModelKind(
     "xlnet", "Chapter 5's XLNet with the permutation objective (random windows; ordered "
     "streams with the memory carried across segments when --mem-len > 0)",
@@ -95,6 +103,7 @@ XLNET = ModelKind(
     no_decay=("r_w_bias", "r_r_bias", "r_s_bias", "seg_embed"),
     flops=_xlnet_flops, causal_flops=_xlnet_causal_flops,
     reach=lambda c: memory_reach(c.seq_len, c.mem_len, c.n_layer, "window"),
+    kernel=_xlnet_kernel,
     bench={"xlnet": BenchArm(per_length=("n_predict",),
                              help="Chapter 5's XLNet, the permutation objective on random "
                                   "windows, about a sixth of each window predicted")},
