@@ -639,6 +639,11 @@ def _memory_need(cost: list[dict]) -> dict:
                  key=lambda r: float(r["train_peak_mb"]))
     out = ", ".join(r["arm"] for r in at if str(r["fits"]) != "True")
     setting = f"training steps, one row of {length} bytes, a fresh process each"
+    carried = [f"{r['arm']} in segments of {r['segment']} with a memory of {r['memory']}"
+               for r in at if str(r.get("memory") or 0) not in ("0", "")
+               and r.get("segment") not in (None, "")]
+    if carried:
+        setting += " (" + "; ".join(carried) + ")"
     if not fit:
         return {"setting": setting, "choice": "none fits", "reason": f"none fits ({out})",
                 "runner_up": "", "margin": None, "spread": None}
