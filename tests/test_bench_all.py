@@ -386,6 +386,23 @@ def test_the_decision_table_says_which_contestants_its_rows_leave_out():
     assert best["setting"].endswith(", 2 of 3 contestants (no b)"), best
 
 
+def test_the_fixed_compute_row_names_the_size_batch_and_each_arms_steps():
+    """The conditions a verdict holds under: the parameter count and batch of the run's
+    settings, and the steps each arm's FLOPs bought (a range where its seeds differ)."""
+    from minixl.one_bench.bench_all import decisions
+
+    settings = json.dumps({"params": 200000, "batch_size": 8, "lr": 0.002})
+    quality = [dict(_q(arm, seed, 2.0 + 0.5 * (arm == "b") + 0.01 * seed), settings=settings,
+                    steps=str(steps))
+               for arm, seed, steps in (("a", 0, 300), ("a", 1, 300), ("b", 0, 120),
+                                        ("b", 1, 125))]
+    (best,) = [r for r in decisions(quality, []) if r["need"] == "best bpc at fixed compute"]
+    assert best["setting"] == ("budget 1e+09 FLOPs, length 32, 2 seeds, 200,000 parameters, "
+                               "batch 8, steps a 300, b 120-125, read left to right, FLOPs "
+                               "counted as kernel"), best["setting"]
+    assert best["choice"] == "a"
+
+
 # ---------------------------------------------------------------- Chapter 7's readers
 
 def test_arm_summary_means_and_half_ranges_over_the_rows_asked_for():

@@ -585,6 +585,28 @@ def _missing(rows: list[dict], every: list[str]) -> str:
             if gone else "")
 
 
+def _scale(rows: list[dict]) -> str:
+    """', P parameters, batch B, steps ARM N, ...' for the rows of one budget and length:
+    the parameter count every arm was sized to and the batch (the run's settings, where its
+    rows carry them), and each arm's steps (one number where its seeds agree, as they do in
+    one plan; else the range)."""
+    settings = json.loads(rows[0]["settings"]) if rows and rows[0].get("settings") else {}
+    steps: dict[str, set[int]] = {}
+    for r in rows:
+        if r.get("steps") not in (None, ""):
+            steps.setdefault(r["arm"], set()).add(int(r["steps"]))
+    parts = []
+    if "params" in settings:
+        parts.append(f"{settings['params']:,} parameters")
+    if "batch_size" in settings:
+        parts.append(f"batch {settings['batch_size']}")
+    if steps:
+        parts.append("steps " + ", ".join(
+            f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
+            for a, n in steps.items()))
+    return "".join(f", {p}" for p in parts)
+
+
 def _counted(rows: list[dict]) -> str:
     """', FLOPs counted as POLICY' for rows of one run (the policy its settings name; a run
     of the default policy names none: 'kernel'). Rows of one run share a policy, for a
@@ -1009,7 +1031,8 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                        "beside it")
             continue
         add(need, f"budget {budget:g} FLOPs, length {length}, {len({r['seed'] for r in rows})} "
-            f"seeds, read left to right{_counted(quality)}{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
+            f"seeds{_scale(rows)}, read left to right{_counted(quality)}"
+            f"{_missing(rows, every)}", _pick(_by_arm(rows, "common_bpc"), lower=True,
                                                  what="held-out", unit="bpc"))
         if need == NEEDS[0]:
             untimed = runs and _untimed(runs, len(quality) + len(
