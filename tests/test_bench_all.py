@@ -388,19 +388,45 @@ def test_the_decision_table_says_which_contestants_its_rows_leave_out():
 
 def test_the_fixed_compute_row_names_the_size_batch_and_each_arms_steps():
     """The conditions a verdict holds under: the parameter count and batch of the run's
-    settings, and the steps each arm's FLOPs bought (a range where its seeds differ)."""
+    settings, the steps each arm's FLOPs bought (a range where its seeds differ) and the
+    corpus passes they make (steps x batch x length bytes over the training split's size)."""
+    from minixl.data import load_corpus
     from minixl.one_bench.bench_all import decisions
 
     settings = json.dumps({"params": 200000, "batch_size": 8, "lr": 0.002})
     quality = [dict(_q(arm, seed, 2.0 + 0.5 * (arm == "b") + 0.01 * seed), settings=settings,
-                    steps=str(steps))
-               for arm, seed, steps in (("a", 0, 300), ("a", 1, 300), ("b", 0, 120),
-                                        ("b", 1, 125))]
+                    steps=str(steps), length="100")
+               for arm, seed, steps in (("a", 0, 3000), ("a", 1, 3000), ("b", 0, 1200),
+                                        ("b", 1, 2500))]
+    size = load_corpus("pydoc").train.numel()
+    a, b0, b1 = (steps * 8 * 100 / size for steps in (3000, 1200, 2500))
     (best,) = [r for r in decisions(quality, []) if r["need"] == "best bpc at fixed compute"]
-    assert best["setting"] == ("budget 1e+09 FLOPs, length 32, 2 seeds, 200,000 parameters, "
-                               "batch 8, steps a 300, b 120-125, read left to right, FLOPs "
-                               "counted as kernel"), best["setting"]
+    assert best["setting"] == ("budget 1e+09 FLOPs, length 100, 2 seeds, 200,000 parameters, "
+                               f"batch 8, steps (corpus passes) a 3000 ({a:.1f}), b 1200-2500 "
+                               f"({b0:.1f}-{b1:.1f}), read left to right, FLOPs counted as "
+                               "kernel, learning rate 0.002 for every arm"), best["setting"]
     assert best["choice"] == "a"
+
+
+def test_each_rows_kernels_are_named_grouped_by_kernel_and_at_the_rows_length():
+    """An arm of a registered kind names the first clause of its kernel line, arms that share
+    one grouped; the time-matched row names no steps (they vary with the time)."""
+    from minixl.one_bench.bench_all import decisions, kernel_label
+
+    assert kernel_label("char") == "PyTorch's fused causal attention"
+    assert kernel_label("shaw") == kernel_label("xl") == "eager"
+    assert kernel_label("segtree") != kernel_label("bpt")  # one kind, two configs
+    assert kernel_label("no such arm") is None
+    settings = json.dumps({"params": 200000, "batch_size": 8, "lr": 0.002})
+    quality = [dict(_q(arm, seed, 2.0 + 0.3 * i + 0.01 * seed, budget=budget),
+                    settings=settings, steps="100", train_seconds=str(budget / 1e8 * (1 + i)))
+               for i, arm in enumerate(("shaw", "xl", "segtree")) for seed in (0, 1)
+               for budget in (1e8, 1e9)]
+    table = {r["need"]: r["setting"] for r in decisions(quality, [])}
+    want = (f", kernels: shaw, xl eager; segtree {kernel_label('segtree')}")
+    assert want in table["best bpc at fixed compute"], table["best bpc at fixed compute"]
+    assert want in table["best bpc at fixed training time"]
+    assert "steps" not in table["best bpc at fixed training time"]
 
 
 # ---------------------------------------------------------------- Chapter 7's readers
@@ -543,9 +569,9 @@ def test_each_row_of_the_decision_table_names_its_flop_policy_and_mixed_rows_are
     write_decisions(tmp_path, quality, reach)
     table = {r["need"]: r for r in read_rows(tmp_path / "decisions.csv")}
     assert table["best bpc at fixed compute"]["setting"].endswith(
-        ", read left to right, FLOPs counted as causal")
+        ", read left to right, FLOPs counted as causal, learning rate 0.002 for every arm")
     assert table["exact recall at a distance: 16 bytes"]["setting"].endswith(
-        ", FLOPs counted as kernel")
+        ", FLOPs counted as kernel, learning rate 0.002 for every arm")
     assert "FLOPs counted as causal" in (tmp_path / "decisions.md").read_text()
     mixed = quality[:3] + [dict(quality[3], settings=kernel)]  # b's seed 1 counted otherwise
     with pytest.raises(ValueError, match=r"counted training FLOPs under different policies "

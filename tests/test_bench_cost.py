@@ -92,6 +92,19 @@ def test_the_cost_sweep_leaves_the_control_arms_out_unless_named():
     assert "xl-nomem" in cost_arms("xl,xl-nomem")
 
 
+def test_a_default_sweep_writes_the_table_again_over_a_bench_with_its_control_arm():
+    """A bench run has xl-nomem's rows; the default sweep leaves that control out, and must
+    not count it missing (else it never writes the table again), while a contestant it does
+    not run is still missing."""
+    from minixl.one_bench.bench_cost import cost_arms, left_out
+
+    quality = [{"arm": a} for a in ("char", "shaw", "xl", "xl-nomem", "segtree")]
+    swept = cost_arms()
+    assert "xl-nomem" not in swept
+    assert left_out(quality, swept) == []
+    assert left_out(quality, [a for a in swept if a != "shaw"]) == ["shaw"]
+
+
 @pytest.mark.slow
 def test_a_point_over_the_memory_cap_is_written_as_not_fitting(tmp_path):
     """A cap too small for the step (a real allocation failing in a fresh process): the

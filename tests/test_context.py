@@ -155,7 +155,8 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
         "bench_context: char, trained at 32, context 8 -> 32: ")
     table = (tmp_path / "decisions.md").read_text()  # the run's row in the bench's table
     assert "| long context on a small budget | budget 1e+09 FLOPs, trained at 64, read with " \
-           "128 bytes of context, 1 seeds, FLOPs counted as kernel |" in table
+           "128 bytes of context, 1 seeds, FLOPs counted as kernel, learning rate 0.002 for " \
+           "every arm |" in table
     assert "bench_context: the decision table, with this run's row: " in r.stdout
     again = run()
     assert again.returncode == 0 and "bench_context [" not in again.stdout

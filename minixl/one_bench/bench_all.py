@@ -25,10 +25,12 @@ add a kind of your own (MODULE:NAME).
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +41,7 @@ from ..data import load_corpus
 from ..evaluation import evaluate
 from ..experiments import int_list, torch_threads, write_csv
 from ..kinds import KINDS
-from ..planner import bench_arms, plan_bench, policy_settings
+from ..planner import arm_config, bench_arms, plan_bench, policy_settings
 from ..plugins import kind_named
 from ..reach import LETTERS, distance_bands, reach_records, score_reach, unreachable
 from ..training import TrainConfig, train
@@ -585,26 +587,71 @@ def _missing(rows: list[dict], every: list[str]) -> str:
             if gone else "")
 
 
-def _scale(rows: list[dict]) -> str:
-    """', P parameters, batch B, steps ARM N, ...' for the rows of one budget and length:
-    the parameter count every arm was sized to and the batch (the run's settings, where its
-    rows carry them), and each arm's steps (one number where its seeds agree, as they do in
-    one plan; else the range)."""
+@functools.lru_cache(maxsize=1)
+def _train_bytes() -> int:
+    """The bytes of the training split the bench reads (pydoc's: its size depends a little
+    on the Python version, `minixl.data`)."""
+    return int(load_corpus("pydoc").train.numel())
+
+
+def kernel_label(arm: str, length: int = 128) -> str | None:
+    """The first clause of an arm's kernel line (`ModelKind.kernel_note` on the arm's config
+    at `length`: 'eager', "PyTorch's fused causal attention", ...), or None for an arm no
+    registered kind has or a kind that states no kernel."""
+    pair = bench_arms().get(arm)
+    if pair is None or pair[0].kernel is None:
+        return None
+    line = pair[0].kernel_note(arm_config(*pair, length))
+    return re.split(r"[(:;]", line, maxsplit=1)[0].strip()
+
+
+def _kernels(arms, length: int = 128) -> str:
+    """', kernels: A, B LABEL; C LABEL' for the arms (those with one label grouped, in the
+    order first seen), or '' where no arm states its kernel."""
+    groups: dict[str, list[str]] = {}
+    for a in arms:
+        label = kernel_label(a, length)
+        if label:
+            groups.setdefault(label, []).append(a)
+    return ("" if not groups else
+            ", kernels: " + "; ".join(f"{', '.join(a)} {label}" for label, a in groups.items()))
+
+
+def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True) -> str:
+    """', P parameters, batch B, steps (corpus passes) ARM N (p), ..., kernels: ...' for the
+    rows of one budget and length: the parameter count every arm was sized to and the batch
+    (the run's settings, where its rows carry them); each arm's steps (one number where its
+    seeds agree, as they do in one plan; else the range) and, with `passes`, how many times
+    those steps read the training split (steps x batch x length bytes over its size:
+    `_train_bytes`), unless not `steps_too` (a reading at fixed time, whose steps vary);
+    and each arm's kernel (`kernel_label`)."""
     settings = json.loads(rows[0]["settings"]) if rows and rows[0].get("settings") else {}
     steps: dict[str, set[int]] = {}
+    length = {}
     for r in rows:
-        if r.get("steps") not in (None, ""):
+        if steps_too and r.get("steps") not in (None, ""):
             steps.setdefault(r["arm"], set()).add(int(r["steps"]))
+            length[r["arm"]] = int(r["length"])
+    batch = settings.get("batch_size")
     parts = []
     if "params" in settings:
         parts.append(f"{settings['params']:,} parameters")
-    if "batch_size" in settings:
-        parts.append(f"batch {settings['batch_size']}")
+    if batch:
+        parts.append(f"batch {batch}")
+    passes = passes and bool(batch)
+
+    def told(a, n):
+        text = f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
+        if passes:
+            ends = dict.fromkeys(f"{k * batch * length[a] / _train_bytes():.1f}"
+                                 for k in (min(n), max(n)))
+            text += f" ({'-'.join(ends)})"
+        return text
     if steps:
-        parts.append("steps " + ", ".join(
-            f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
-            for a, n in steps.items()))
-    return "".join(f", {p}" for p in parts)
+        parts.append(f"steps{' (corpus passes)' if passes else ''} "
+                     + ", ".join(told(a, n) for a, n in steps.items()))
+    return "".join(f", {p}" for p in parts) + _kernels(
+        dict.fromkeys(r["arm"] for r in rows), int(rows[0]["length"]) if rows else 128)
 
 
 def _counted(rows: list[dict]) -> str:
@@ -623,11 +670,14 @@ def _counted(rows: list[dict]) -> str:
 
 def _tuned(rows: list[dict]) -> str:
     """', learning rate chosen per arm from A, B, C (ARM RATE, ...)' for the rows of a run
-    with --lrs (they name their rate), else '' (one rate for every arm: the settings')."""
+    with --lrs (they name their rate), else ', learning rate R for every arm' (the settings'
+    one rate), or '' where the rows carry no settings."""
     rates = {r["arm"]: float(r["lr"]) for r in rows if r.get("lr") not in (None, "")}
+    settings = json.loads(rows[0]["settings"]) if rows and rows[0].get("settings") else {}
     if not rates:
-        return ""
-    grid = json.loads(rows[0]["settings"]).get("lrs") if rows[0].get("settings") else None
+        return (f", learning rate {settings['lr']:g} for every arm" if "lr" in settings
+                else "")
+    grid = settings.get("lrs")
     return (", learning rate chosen per arm" + (f" from {', '.join(f'{g:g}' for g in grid)}"
                                                 if grid else "")
             + f" ({', '.join(f'{a} {v:g}' for a, v in rates.items())})")
@@ -800,7 +850,8 @@ def _time_need(quality: list[dict], every: list[str]) -> dict:
     seeds = max((len(v) for v in values.values()), default=0)
     setting = (f"{seconds:.1f} s of training each, as the run timed them, length {length}, "
                f"{seeds} seed{'s' if seeds != 1 else ''}, read left to right, interpolated "
-               f"between budgets in log time{_counted(quality)}")
+               f"between budgets in log time{_scale(at_length, steps_too=False)}"
+               f"{_counted(quality)}")
     if short:
         setting += f", timed at one budget only (left out): {', '.join(short)}"
     if not values:
@@ -1044,8 +1095,8 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
     infill = [r for r in quality if r["own_protocol"] == "infill" and budgets
               and float(r["budget"]) == budgets[-1] and int(r["length"]) == length]
     if infill:
-        add(NEEDS[2], f"budget {budgets[-1]:g} FLOPs, length {length}, its own protocol"
-            f"{_counted(quality)}",
+        add(NEEDS[2], f"budget {budgets[-1]:g} FLOPs, length {length}{_scale(infill)}, its "
+            f"own protocol{_counted(quality)}",
             _pick(_by_arm(infill, "own_bpc"), lower=True, what="infill", unit="bpc"))
     else:
         unmeasured(NEEDS[2], "no contestant's kind reads a span from both sides")
@@ -1063,7 +1114,8 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                 "out of reach", "runner_up": "", "margin": None, "spread": None})
             continue
         add(f"{NEEDS[3]}: {band} bytes", f"reach task, budget {float(rows[0]['budget']):g}, "
-            f"length {rows[0]['length']}{_counted(reach)}{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
+            f"length {rows[0]['length']}{_scale(rows, passes=False)}{_counted(reach)}"
+            f"{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
                                                   what="accuracy", unit="",
                                                   chance=1 / LETTERS))
     generation = _generation_need(cost) if cost else None

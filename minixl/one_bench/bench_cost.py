@@ -60,11 +60,11 @@ import torch
 
 from ..device import peak_rss_mb
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import at_length, plan_bench
+from ..planner import at_length, bench_arms, plan_bench
 from ..training import ModelWithLoss, TrainConfig, make_optimizer, train_step
 from .bench_all import contestants, read_rows, reading_segment, write_decisions
 
-__all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "memory_point", "report", "plot_cost"]
+__all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "left_out", "memory_point", "report", "plot_cost"]
 
 COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "memory", "kernel",
                 "fits", "train_peak_mb",
@@ -266,7 +266,7 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
     plot_cost(out, path.with_suffix(".png"))
     if path.name == "cost.csv" and (path.parent / "quality.csv").exists():
         quality = read_rows(path.parent / "quality.csv")
-        missing = sorted({r["arm"] for r in quality} - set(arms))
+        missing = left_out(quality, arms)
         if missing:  # a table over some contestants only would name a false winner
             print(f"bench_cost: the decision table in {path.parent} is not written again: "
                   f"these rows leave out {', '.join(missing)}", flush=True)
@@ -334,3 +334,12 @@ def plot_cost(rows: list[dict], path) -> Path:
     fig.savefig(path, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def left_out(quality: list[dict], arms) -> list[str]:
+    """The contestants of the bench's quality rows that a sweep of `arms` leaves out, a
+    control arm (`BenchArm.control`, which the sweep leaves out unless named) excepted: the
+    sweep writes the decision table again only where this is empty, for a table over some
+    contestants only would name a false winner."""
+    controls = {a for a, (_, arm) in bench_arms().items() if arm.control}
+    return sorted({r["arm"] for r in quality} - set(arms) - controls)

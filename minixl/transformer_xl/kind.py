@@ -76,7 +76,8 @@ _XL_PRESETS = {
 
 def _xl_kernel(config) -> str:
     what = {"eager": "eager: scores and weights written out, the relative shift",
-            "sdpa": "PyTorch's fused attention (sdpa) with the relative terms as its mask",
+            "sdpa": "PyTorch's fused attention (sdpa), the relative terms folded into longer "
+                    "query and key vectors (section 4.11)",
             "flex": "flex_attention, the relative terms computed in its score function"
             }.get(config.attention_impl, config.attention_impl)
     if not config.mem_len:
