@@ -92,6 +92,19 @@ def test_the_cost_sweep_leaves_the_control_arms_out_unless_named():
     assert "xl-nomem" in cost_arms("xl,xl-nomem")
 
 
+def test_a_length_that_is_not_whole_segments_is_refused_before_anything_runs(tmp_path):
+    """XL reads a long text in segments of --shape-length; a length that ends in part of one
+    is refused up front, naming the arm, the length and what to give (a window model, which
+    reads one window, is not)."""
+    from minixl.one_bench.bench_cost import bench_cost
+
+    out = tmp_path / "cost.csv"
+    with pytest.raises(ValueError, match=r"xl at 1000 would end in part of one: give lengths "
+                                         r"that are multiples of 256"):
+        bench_cost(lengths="256,1000", shape_length=256, models="shaw,xl", csv=str(out))
+    assert not out.exists()
+
+
 def test_a_default_sweep_writes_the_table_again_over_a_bench_with_its_control_arm():
     """A bench run has xl-nomem's rows; the default sweep leaves that control out, and must
     not count it missing (else it never writes the table again), while a contestant it does

@@ -220,6 +220,14 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
                          f"--memory-limit-gb > 0 and --shape-length >= 8; got {params}, "
                          f"{rounds}, {gen_bytes}, {memory_limit_gb} and {shape_length}")
     arms = cost_arms(models)
+    ragged = [f"{arm} at {length}" for length in length_list for arm in arms
+              for kind, plan in [_plan(arm, length, params, shape_length)]
+              if kind.reads_streams(plan.config) and length % plan.segment]
+    if ragged:  # its last step would be a part segment, timed as a whole one
+        raise ValueError(f"--lengths: a model that reads ordered streams reads the text in "
+                         f"whole segments of --shape-length {shape_length} bytes, and "
+                         f"{', '.join(ragged)} would end in part of one: give lengths that are "
+                         f"multiples of {shape_length} (or shorter than it)")
     rows = {}
     for length in length_list:
         for arm in arms:
