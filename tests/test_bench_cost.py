@@ -49,6 +49,7 @@ def test_cost_rows_and_memory_that_grows_with_the_attention(tmp_path):
     for (arm, n), r in got.items():
         assert r["fits"] == "True" and r["note"] == "" and r["rounds"] == "2", r
         assert int(r["segment"]) == (128 if arm == "xl" else n // 4)
+        assert int(r["train_segment"]) == (128 if arm == "xl" else n)
         assert int(r["memory"]) == (n if arm == "xl" else 0)
         for what in ("train", "read", "generate"):
             assert float(r[f"{what}_ms_per_byte"]) > 0, r
@@ -183,3 +184,13 @@ def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
     memory = {r["need"]: r for r in decisions(quality, [], cost)}[NEEDS[5]]
     assert memory["setting"] == ("training steps, one row of 16384 bytes, a fresh process "
                                  "each (b in segments of 256 with a memory of 16384)")
+    # rows with the training segment: every arm trained in segments shorter than the text
+    # is named, with its memory or none (not only those with a memory); a window arm is not
+    for r in cost:
+        r["train_segment"] = str(r["length"])
+    cost[1].update(train_segment="256", segment="64", memory="16384")
+    cost[3].update(train_segment="256", segment="256", memory="0")
+    memory = {r["need"]: r for r in decisions(quality, [], cost)}[NEEDS[5]]
+    assert memory["setting"] == ("training steps, one row of 16384 bytes, a fresh process "
+                                 "each (b in segments of 256 with a memory of 16384; d in "
+                                 "segments of 256, no memory)"), memory["setting"]

@@ -711,9 +711,16 @@ def _memory_need(cost: list[dict]) -> dict:
                  key=lambda r: float(r["train_peak_mb"]))
     out = ", ".join(r["arm"] for r in at if str(r["fits"]) != "True")
     setting = f"training steps, one row of {length} bytes, a fresh process each"
-    carried = [f"{r['arm']} in segments of {r['segment']} with a memory of {r['memory']}"
-               for r in at if str(r.get("memory") or 0) not in ("0", "")
-               and r.get("segment") not in (None, "")]
+    carried = [f"{r['arm']} in segments of {r['train_segment']}"
+               + (f" with a memory of {r['memory']}"
+                  if str(r.get("memory") or 0) not in ("0", "") else ", no memory")
+               for r in at if r.get("train_segment") not in (None, "")
+               and int(r["train_segment"]) < length]
+    if not any(r.get("train_segment") not in (None, "") for r in at):  # rows of before the
+        # column: the reading segment of a row with a memory (the same as its training one)
+        carried = [f"{r['arm']} in segments of {r['segment']} with a memory of {r['memory']}"
+                   for r in at if str(r.get("memory") or 0) not in ("0", "")
+                   and r.get("segment") not in (None, "")]
     if carried:
         setting += " (" + "; ".join(carried) + ")"
     if not fit:

@@ -12,7 +12,9 @@ generating it byte by byte, each used on a text as its mechanism is meant to be:
 
 (Sized again at each length instead, a model with a position table per layer, Chapter 1's,
 would spend its parameters on the table and be one layer of width 12 at 16,384 bytes: its
-cost would be that of another model.) Each row names its segment, its memory and its kernel
+cost would be that of another model.) Each row names its segments (`train_segment`, the bytes
+a training step reads: the length, for a window; `segment`, those of a reading call), its
+memory and its kernel
 (`ModelKind.kernel`: what runs the attention, and what a one-byte call reuses). A control
 arm (`BenchArm.control`: XL with no memory) is left out unless `--models` names it.
 
@@ -66,7 +68,8 @@ from .bench_all import contestants, read_rows, reading_segment, write_decisions
 
 __all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "left_out", "memory_point", "report", "plot_cost"]
 
-COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "segment", "memory", "kernel",
+COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "train_segment", "segment", "memory",
+                "kernel",
                 "fits", "train_peak_mb",
                 "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
                 "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest", "note",
@@ -239,6 +242,7 @@ def bench_cost(params: int = 200_000, lengths: str = "256,1024,4096,16384",
                 "arm": arm, "kind": kind.name, "length": length,
                 "shape": f"{getattr(c, 'n_layer', '?')} x {getattr(c, 'd_model', '?')}",
                 "params": plan.params, "segment": None,
+                "train_segment": plan.segment if kind.reads_streams(c) else length,
                 "memory": plan.memory, "kernel": kind.kernel_note(c), "fits": point["fits"],
                 "train_peak_mb": point.get("train_peak_mb"), "note": point.get("note", ""),
                 "rounds": rounds, "threads": threads, "cpus": os.cpu_count(),
