@@ -587,6 +587,12 @@ def _missing(rows: list[dict], every: list[str]) -> str:
             if gone else "")
 
 
+def _run_settings(rows: list[dict]) -> dict:
+    """The settings the run that wrote `rows` stored (its first row's), or {} (rows built by
+    hand, or none)."""
+    return json.loads(rows[0].get("settings") or "{}") if rows else {}
+
+
 @functools.lru_cache(maxsize=1)
 def _train_bytes() -> int:
     """The bytes of the training split the bench reads (pydoc's: its size depends a little
@@ -625,7 +631,7 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True) -> 
     those steps read the training split (steps x batch x length bytes over its size:
     `_train_bytes`), unless not `steps_too` (a reading at fixed time, whose steps vary);
     and each arm's kernel (`kernel_label`)."""
-    settings = json.loads(rows[0]["settings"]) if rows and rows[0].get("settings") else {}
+    settings = _run_settings(rows)
     steps: dict[str, set[int]] = {}
     length = {}
     for r in rows:
@@ -638,17 +644,17 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True) -> 
         parts.append(f"{settings['params']:,} parameters")
     if batch:
         parts.append(f"batch {batch}")
-    passes = passes and bool(batch)
+    counted = passes and bool(batch)
 
     def told(a, n):
         text = f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
-        if passes:
+        if counted:
             ends = dict.fromkeys(f"{k * batch * length[a] / _train_bytes():.1f}"
                                  for k in (min(n), max(n)))
             text += f" ({'-'.join(ends)})"
         return text
     if steps:
-        parts.append(f"steps{' (corpus passes)' if passes else ''} "
+        parts.append(f"steps{' (corpus passes)' if counted else ''} "
                      + ", ".join(told(a, n) for a, n in steps.items()))
     return "".join(f", {p}" for p in parts) + _kernels(
         dict.fromkeys(r["arm"] for r in rows), int(rows[0]["length"]) if rows else 128)
@@ -673,7 +679,7 @@ def _tuned(rows: list[dict]) -> str:
     with --lrs (they name their rate), else ', learning rate R for every arm' (the settings'
     one rate), or '' where the rows carry no settings."""
     rates = {r["arm"]: float(r["lr"]) for r in rows if r.get("lr") not in (None, "")}
-    settings = json.loads(rows[0]["settings"]) if rows and rows[0].get("settings") else {}
+    settings = _run_settings(rows)
     if not rates:
         return (f", learning rate {settings['lr']:g} for every arm" if "lr" in settings
                 else "")
@@ -711,16 +717,17 @@ def _memory_need(cost: list[dict]) -> dict:
                  key=lambda r: float(r["train_peak_mb"]))
     out = ", ".join(r["arm"] for r in at if str(r["fits"]) != "True")
     setting = f"training steps, one row of {length} bytes, a fresh process each"
-    carried = [f"{r['arm']} in segments of {r['train_segment']}"
-               + (f" with a memory of {r['memory']}"
-                  if str(r.get("memory") or 0) not in ("0", "") else ", no memory")
-               for r in at if r.get("train_segment") not in (None, "")
-               and int(r["train_segment"]) < length]
-    if not any(r.get("train_segment") not in (None, "") for r in at):  # rows of before the
-        # column: the reading segment of a row with a memory (the same as its training one)
+    def remembers(r):
+        return str(r.get("memory") or 0) not in ("0", "")
+    if any(r.get("train_segment") not in (None, "") for r in at):
+        carried = [f"{r['arm']} in segments of {r['train_segment']}"
+                   + (f" with a memory of {r['memory']}" if remembers(r) else ", no memory")
+                   for r in at if r.get("train_segment") not in (None, "")
+                   and int(r["train_segment"]) < length]
+    else:  # rows of before the column: a row with a memory, by its reading segment (the
+        # same as its training one)
         carried = [f"{r['arm']} in segments of {r['segment']} with a memory of {r['memory']}"
-                   for r in at if str(r.get("memory") or 0) not in ("0", "")
-                   and r.get("segment") not in (None, "")]
+                   for r in at if remembers(r) and r.get("segment") not in (None, "")]
     if carried:
         setting += " (" + "; ".join(carried) + ")"
     if not fit:
@@ -1032,7 +1039,7 @@ def recall_judge(rows: list[dict]) -> dict:
     wrote `rows` named in its settings (bench_recall stores both there), else the defaults
     (a file written before they were stored, or rows built by hand)."""
     judge = {"control": "shaw", "control_accuracy": 0.95}
-    stored = json.loads(rows[0].get("settings") or "{}") if rows else {}
+    stored = _run_settings(rows)
     judge.update({k: stored[k] for k in judge if k in stored})
     return judge
 

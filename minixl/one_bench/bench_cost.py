@@ -66,11 +66,11 @@ from ..planner import at_length, bench_arms, plan_bench
 from ..training import ModelWithLoss, TrainConfig, make_optimizer, train_step
 from .bench_all import contestants, read_rows, reading_segment, write_decisions
 
-__all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "left_out", "memory_point", "report", "plot_cost"]
+__all__ = ["COST_COLUMNS", "bench_cost", "cost_arms", "left_out", "memory_point", "report",
+           "plot_cost"]
 
-COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "train_segment", "segment", "memory",
-                "kernel",
-                "fits", "train_peak_mb",
+COST_COLUMNS = ("arm", "kind", "length", "shape", "params", "train_segment", "segment",
+                "memory", "kernel", "fits", "train_peak_mb",
                 "train_ms_per_byte", "train_ms_slowest", "read_ms_per_byte",
                 "read_ms_slowest", "generate_ms_per_byte", "generate_ms_slowest", "note",
                 "rounds", "threads", "cpus", "machine", "torch")
