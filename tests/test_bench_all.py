@@ -408,6 +408,59 @@ def test_the_fixed_compute_row_names_the_size_batch_and_each_arms_steps():
     assert best["choice"] == "a"
 
 
+def test_the_context_recall_and_reach_rows_name_their_size_steps_passes_and_kernels():
+    """Every trained row states its conditions: the context row its parameters, its batch
+    (batch_bytes // length windows of its length) and each arm's steps with their passes over
+    the bench's corpus; the recall rows theirs over the task's stream (`train_bytes` of it);
+    the reach rows, whose CSV stores no steps, each arm's steps from the run's plan.csv and
+    their passes over the reach task's training stream (none named without a plan); each
+    with its arms' kernels at its length."""
+    from minixl.data import load_corpus
+    from minixl.one_bench.bench_all import decisions, reach_training
+    from minixl.reach import reach_records
+
+    eager = ", kernels: shaw, xl eager"
+    quality = [dict(_q("shaw", 0, 2.0), length="128")]
+    size = load_corpus("pydoc").train.numel()
+    settings = json.dumps({"params": 200000, "batch_bytes": 1024, "lr": 0.002})
+    context = [{"arm": arm, "length": "512", "seed": str(seed), "context": "1024",
+                "bpc": str(bpc + 0.01 * seed), "budget": "1e12", "reachable": "yes",
+                "steps": str(steps), "settings": settings}
+               for arm, bpc, steps in (("shaw", 2.7, 180), ("xl", 2.5, 84)) for seed in (0, 1)]
+    need = {r["need"]: r for r in decisions(quality, [], None, context)}[
+        "long context on a small budget"]
+    a, b = (steps * 2 * 512 / size for steps in (180, 84))
+    assert need["setting"] == ("budget 1e+12 FLOPs, trained at 512, read with 1024 bytes of "
+                               "context, 2 seeds, 200,000 parameters, batch 2, steps (corpus "
+                               f"passes) shaw 180 ({a:.1f}), xl 84 ({b:.1f}){eager}, FLOPs "
+                               "counted as kernel, learning rate 0.002 for every arm")
+    settings = json.dumps({"params": 100000, "batch_size": 16, "train_bytes": 1 << 20,
+                           "lr": 0.003})
+    recall = [{"arm": arm, "kind": arm, "length": "64", "budget": "1e12", "seed": "0",
+               "band": "6-30", "low": "6", "high": "30", "cases": "100",
+               "accuracy": str(accuracy), "reachable": "yes", "steps": str(steps),
+               "settings": settings}
+              for arm, accuracy, steps in (("shaw", 0.97, 20000), ("xl", 0.5, 14000))]
+    rows = [r for r in decisions(quality, [], recall=recall) if "recall" in r["need"]]
+    assert rows[0]["setting"] == rows[1]["setting"] == (
+        "recall task, budget 1e+12, length 64, 1 seed, 100,000 parameters, batch 16, steps "
+        "(passes over its stream) shaw 20000 (19.5), xl 14000 (13.7)" + eager
+        + ", FLOPs counted as kernel, learning rate 0.003 for every arm")
+    settings = json.dumps({"params": 200000, "batch_size": 8, "distances": [16, 64]})
+    reach = [dict(_r(arm, 0, 0.5), length="128", settings=settings) for arm in ("shaw", "xl")]
+    plan = [{"arm": arm, "length": "128", "budget": "1000000000.0", "steps": str(steps)}
+            for arm, steps in (("shaw", 300), ("xl", 150))]
+    stream = reach_training([16, 64]).data.numel()
+    assert stream == reach_records(max(64, 40_000 // 64) * 2, [16, 64], seed=0).data.numel()
+    a, b = (steps * 8 * 128 / stream for steps in (300, 150))
+    (row,) = [r for r in decisions(quality, reach, plan=plan) if "recall" in r["need"]]
+    assert row["setting"] == ("reach task, budget 1e+09, length 128, 200,000 parameters, "
+                              f"batch 8, steps (passes over its stream) shaw 300 ({a:.1f}), xl "
+                              f"150 ({b:.1f}){eager}, FLOPs counted as kernel")
+    (row,) = [r for r in decisions(quality, reach) if "recall" in r["need"]]
+    assert "steps" not in row["setting"] and eager in row["setting"]
+
+
 def test_each_rows_kernels_are_named_grouped_by_kernel_and_at_the_rows_length():
     """An arm of a registered kind names the first clause of its kernel line, arms that share
     one grouped; the time-matched row names no steps (they vary with the time)."""

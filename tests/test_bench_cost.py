@@ -183,7 +183,8 @@ def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
     cost[1].update(segment="256", memory="16384")
     memory = {r["need"]: r for r in decisions(quality, [], cost)}[NEEDS[5]]
     assert memory["setting"] == ("training steps, one row of 16384 bytes, a fresh process "
-                                 "each (b in segments of 256 with a memory of 16384)")
+                                 "each (b in segments of 256 with a memory of 16384), a cost "
+                                 "of untrained weights (no learning rate or corpus)")
     # rows with the training segment: every arm trained in segments shorter than the text
     # is named, with its memory or none (not only those with a memory); a window arm is not
     for r in cost:
@@ -191,6 +192,38 @@ def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
     cost[1].update(train_segment="256", segment="64", memory="16384")
     cost[3].update(train_segment="256", segment="256", memory="0")
     memory = {r["need"]: r for r in decisions(quality, [], cost)}[NEEDS[5]]
-    assert memory["setting"] == ("training steps, one row of 16384 bytes, a fresh process "
-                                 "each (b in segments of 256 with a memory of 16384; d in "
-                                 "segments of 256, no memory)"), memory["setting"]
+    assert memory["setting"].startswith(
+        "training steps, one row of 16384 bytes, a fresh process each (b in segments of 256 "
+        "with a memory of 16384; d in segments of 256, no memory), "), memory["setting"]
+
+
+def test_the_cost_rows_name_their_conditions_sizes_machine_and_kernels():
+    """The generation and memory rows state what they ran: each arm's depth x width and
+    parameters at that length, the threads, machine and torch, each arm's kernel (its first
+    clause), and for generation which arms' one-byte calls read cached keys and values."""
+    from minixl.one_bench.bench_all import NEEDS, decisions
+
+    quality = [{"arm": "a", "length": "32", "budget": "1e9", "seed": "0",
+                "own_protocol": "all-positions", "own_bpc": "2", "common_bpc": "2"}]
+    ran = {"threads": "1", "machine": "x86_64", "torch": "2.13.0+cpu"}
+    cost = [{**_c("a", 16384, mb=100, gen=5.0, slow=5.5), **ran, "shape": "4 x 52",
+             "params": "3553784", "kernel": "fused causal (sdpa); a one-byte call reads its "
+                                            "window again (no key/value cache)"},
+            {**_c("b", 16384, mb=300, gen=1.0, slow=1.2), **ran, "shape": "4 x 60",
+             "params": "205456", "kernel": "eager: scores written out; a one-byte call reads "
+                                           "the memory's cached keys and values"},
+            {**_c("c", 16384, mb=200, gen=9.0, slow=9.5), **ran, "shape": "4 x 60",
+             "params": "194160", "kernel": "eager: the n x n scores; reads its window again"}]
+    table = {r["need"]: r["setting"] for r in decisions(quality, [], cost)}
+    conditions = (", a cost of untrained weights (no learning rate or corpus), depth x width "
+                  "(parameters at this length) a 4 x 52 (3,553,784), b 4 x 60 (205,456), "
+                  "c 4 x 60 (194,160), 1 thread on x86_64, torch 2.13.0+cpu, kernels: "
+                  "a fused causal; b, c eager")
+    assert table[NEEDS[5]] == ("training steps, one row of 16384 bytes, a fresh process each"
+                               + conditions)
+    assert table[NEEDS[4]] == ("after 16384 bytes, one byte a call, 2 rounds" + conditions
+                               + ", a one-byte call: b reads cached keys and values; a, c "
+                                 "read their windows again")
+    for r in cost:
+        r["threads"] = "2"
+    assert ", 2 threads on x86_64," in decisions(quality, [], cost)[-1]["setting"]

@@ -154,9 +154,11 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
     assert len(gains) == 4 * 2 and gains[0].startswith(
         "bench_context: char, trained at 32, context 8 -> 32: ")
     table = (tmp_path / "decisions.md").read_text()  # the run's row in the bench's table
-    assert "| long context on a small budget | budget 1e+09 FLOPs, trained at 64, read with " \
-           "128 bytes of context, 1 seeds, FLOPs counted as kernel, learning rate 0.002 for " \
-           "every arm |" in table
+    assert ("| long context on a small budget | budget 1e+09 FLOPs, trained at 64, read with "
+            "128 bytes of context, 1 seeds, 20,000 parameters, batch 2, steps (corpus passes) "
+            f"char {plans['char', 64].steps} (") in table  # 128 bytes a step: 2 windows of 64
+    assert f"xl {plans['xl', 64].steps} (" in table
+    assert ("FLOPs counted as kernel, learning rate 0.002 for every arm |") in table
     assert "bench_context: the decision table, with this run's row: " in r.stdout
     again = run()
     assert again.returncode == 0 and "bench_context [" not in again.stdout
@@ -187,7 +189,8 @@ def test_the_decision_table_answers_long_context_from_the_context_rows():
     need = table["long context on a small budget"]
     assert need["choice"] == "xl" and need["runner_up"] == "shaw (2.710)"
     assert need["setting"] == ("budget 1e+12 FLOPs, trained at 512, read with 2048 bytes of "
-                               "context, 3 seeds, FLOPs counted as kernel")  # named: none
+                               "context, 3 seeds, kernels: xl, shaw eager, FLOPs counted as "
+                               "kernel")  # no settings stored: no size, batch or rate
     assert need["reason"] == ("held-out 2.510 bpc; xl, context 1024 -> 2048 bytes: +0.100 bpc "
                               "(seeds +0.100, +0.100, +0.100)")
     assert need["margin"] == pytest.approx(0.2)
@@ -231,7 +234,8 @@ def test_the_written_decision_table_reads_the_context_run_below_the_bench(tmp_pa
               tmp_path / "context" / "context.csv")
     text = write_decisions(tmp_path, quality, []).read_text()
     assert ("| long context on a small budget | budget 1e+12 FLOPs, trained at 512, read with "
-            "2048 bytes of context, 2 seeds, FLOPs counted as kernel | xl | held-out 2.505 bpc;") in text
+            "2048 bytes of context, 2 seeds, kernels: xl, shaw eager, FLOPs counted as kernel | "
+            "xl | held-out 2.505 bpc;") in text
     assert "xl, context 1024 -> 2048 bytes: +0.100 bpc" in text
     with open(tmp_path / "decisions.csv", newline="") as f:
         assert "xl" in [r["choice"] for r in csv.DictReader(f)

@@ -293,7 +293,8 @@ def test_the_decision_table_answers_exact_recall_from_the_recall_rows_its_contro
                                                               "129-255"))]
     control, near, middle, beyond, none = table
     assert control["choice"] == "passed" and control["setting"] == (
-        "recall task, budget 1e+12, length 64, 3 seeds, FLOPs counted as kernel")
+        "recall task, budget 1e+12, length 64, 3 seeds, kernels: shaw, xl eager, FLOPs "
+        "counted as kernel")
     assert control["reason"].endswith("length 64: passed (0.960, 0.970, 0.990)")
     assert near["choice"] == "shaw" and near["runner_up"] == "xl (0.550)"
     assert middle["choice"] == "xl" and middle["reason"] == "accuracy 0.810"

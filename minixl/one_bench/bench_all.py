@@ -43,13 +43,14 @@ from ..experiments import int_list, torch_threads, write_csv
 from ..kinds import KINDS
 from ..planner import arm_config, bench_arms, plan_bench, policy_settings
 from ..plugins import kind_named
-from ..reach import LETTERS, distance_bands, reach_records, score_reach, unreachable
+from ..reach import (LETTERS, ReachRecords, distance_bands, reach_records, score_reach,
+                     unreachable)
 from ..training import TrainConfig, train
 
 __all__ = ["read_left_to_right", "reading_segment", "train_arm", "contestants", "bench_all",
            "chosen_rates", "tuning_split", "TUNE_COLUMNS",
            "QUALITY_COLUMNS", "REACH_COLUMNS", "read_rows", "NEEDS", "decisions", "decisions_markdown", "write_decisions",
-           "plot_bench", "merge_runs", "control_verdict", "recall_need"]
+           "plot_bench", "merge_runs", "control_verdict", "recall_need", "reach_training"]
 
 QUALITY_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", "train_flops",
                    "own_protocol", "own_bpc", "common_bpc", "train_seconds", "settings")
@@ -190,6 +191,18 @@ def _reachable(distance: int, most: int | None, segment: int, far: dict) -> str:
     return "yes"
 
 
+def reach_training(distances) -> ReachRecords:
+    """The reach task's training stream at `distances` (seeded 0, the same in every run with
+    them): as many records a distance as 40,000 bytes hold at the longest, at least 64."""
+    distances = list(distances)
+    return reach_records(max(64, 40_000 // max(distances)) * len(distances), distances, seed=0)
+
+
+@functools.lru_cache(maxsize=8)
+def _reach_train_bytes(distances: tuple) -> int:
+    return int(reach_training(distances).data.numel())
+
+
 def _float_list(text: str, name: str) -> list[float]:
     try:
         values = [float(v) for v in str(text).split(",") if v.strip()]
@@ -310,8 +323,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
             return {"lr": rates[name]} if lr_list else {}
         held = corpus.valid[:eval_bytes]
         reach_length, reach_budget = max(length_list), max(budget_list)
-        train_reach = reach_records(max(64, 40_000 // max(distance_list)) * len(distance_list),
-                                    distance_list, seed=0)
+        train_reach = reach_training(distance_list)
         bands = distance_bands(distance_list)
         points = [] if reach_only else [(a, n, b, s) for s in seed_list for n in length_list
                                         for b in budget_list for a in arms]
@@ -623,14 +635,16 @@ def _kernels(arms, length: int = 128) -> str:
             ", kernels: " + "; ".join(f"{', '.join(a)} {label}" for label, a in groups.items()))
 
 
-def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True) -> str:
+def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True,
+           train_bytes: int | None = None, over: str = "corpus passes") -> str:
     """', P parameters, batch B, steps (corpus passes) ARM N (p), ..., kernels: ...' for the
     rows of one budget and length: the parameter count every arm was sized to and the batch
-    (the run's settings, where its rows carry them); each arm's steps (one number where its
-    seeds agree, as they do in one plan; else the range) and, with `passes`, how many times
-    those steps read the training split (steps x batch x length bytes over its size:
-    `_train_bytes`), unless not `steps_too` (a reading at fixed time, whose steps vary);
-    and each arm's kernel (`kernel_label`)."""
+    (the run's settings, where its rows carry them: `batch_size` windows, or `batch_bytes`
+    bytes, a step); each arm's steps (one number where its seeds agree, as they do in one
+    plan; else the range) and, with `passes`, how many times those steps read the training
+    data (steps x batch x length bytes over `train_bytes`, the bench's pydoc split where
+    None: `_train_bytes`; `over` names them), unless not `steps_too` (a reading at fixed time, whose steps
+    vary); and each arm's kernel (`kernel_label`)."""
     settings = _run_settings(rows)
     steps: dict[str, set[int]] = {}
     length = {}
@@ -638,26 +652,29 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True) -> 
         if steps_too and r.get("steps") not in (None, ""):
             steps.setdefault(r["arm"], set()).add(int(r["steps"]))
             length[r["arm"]] = int(r["length"])
-    batch = settings.get("batch_size")
+    at = int(rows[0]["length"]) if rows else 128
+    batch = settings.get("batch_size") or (settings["batch_bytes"] // at
+                                           if settings.get("batch_bytes") else None)
     parts = []
     if "params" in settings:
         parts.append(f"{settings['params']:,} parameters")
     if batch:
         parts.append(f"batch {batch}")
     counted = passes and bool(batch)
+    corpus = train_bytes or (_train_bytes() if counted else 0)
 
     def told(a, n):
         text = f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
         if counted:
-            ends = dict.fromkeys(f"{k * batch * length[a] / _train_bytes():.1f}"
+            ends = dict.fromkeys(f"{k * batch * length[a] / corpus:.1f}"
                                  for k in (min(n), max(n)))
             text += f" ({'-'.join(ends)})"
         return text
     if steps:
-        parts.append(f"steps{' (corpus passes)' if counted else ''} "
+        parts.append(f"steps{f' ({over})' if counted else ''} "
                      + ", ".join(told(a, n) for a, n in steps.items()))
     return "".join(f", {p}" for p in parts) + _kernels(
-        dict.fromkeys(r["arm"] for r in rows), int(rows[0]["length"]) if rows else 128)
+        dict.fromkeys(r["arm"] for r in rows), at)
 
 
 def _counted(rows: list[dict]) -> str:
@@ -689,6 +706,17 @@ def _tuned(rows: list[dict]) -> str:
             + f" ({', '.join(f'{a} {v:g}' for a, v in rates.items())})")
 
 
+def _with_steps(rows: list[dict], plan: list[dict] | None) -> list[dict]:
+    """`rows` (the reach task's, which do not store their steps), each given the steps its
+    arm was planned at its length and budget in `plan` (the run's plan.csv rows) where it has
+    none and the plan has them; the rows as they are without a plan."""
+    steps = {(p["arm"], int(p["length"]), float(p["budget"])): p["steps"]
+             for p in plan or () if p.get("budget") not in (None, "")}
+    return [r if r.get("steps") not in (None, "") else
+            {**r, "steps": steps.get((r["arm"], int(r["length"]), float(r["budget"])), "")}
+            for r in rows]
+
+
 def _top_reach(reach: list[dict]) -> list[dict]:
     """The reach rows at the largest budget, and at its longest length (a rerun that adds a
     budget or a length trains the task again there and keeps the old rows)."""
@@ -705,6 +733,43 @@ MEMORY_MARGIN = 0.10  # a memory winner needs the runner-up to take 10 % more
 
 def _fits(cost: list[dict]) -> list[dict]:
     return [r for r in cost if str(r["fits"]) == "True"]
+
+
+def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
+    """', a cost of untrained weights (no learning rate or corpus), depth x width
+    (parameters at this length) ARM SHAPE (P), ..., T thread(s) on MACHINE, torch V, kernels: ...' for bench_cost's rows at
+    one length: each arm's depth x width and its parameters at this length (a position table
+    grows with it), what the run ran on, and each arm's kernel (the first clause of its row's
+    `kernel`); with `calls`, also which arms' one-byte calls read cached keys and values and
+    which read their window again."""
+    def first(r):
+        return re.split(r"[(:;]", r.get("kernel") or "", maxsplit=1)[0].strip()
+    sizes = ", ".join(f"{r['arm']} {r['shape']} ({int(r['params']):,})" for r in at
+                      if r.get("shape") and r.get("params") not in (None, ""))
+    text = ", a cost of untrained weights (no learning rate or corpus)"
+    if sizes:
+        text += f", depth x width (parameters at this length) {sizes}"
+    ran = at[0] if at else {}
+    if ran.get("threads") not in (None, ""):
+        text += (f", {ran['threads']} thread{'s' if str(ran['threads']) != '1' else ''}"
+                 + (f" on {ran['machine']}" if ran.get("machine") else "")
+                 + (f", torch {ran['torch']}" if ran.get("torch") else ""))
+    groups: dict[str, list[str]] = {}
+    for r in at:
+        if first(r):
+            groups.setdefault(first(r), []).append(r["arm"])
+    if groups:
+        text += ", kernels: " + "; ".join(f"{', '.join(a)} {k}" for k, a in groups.items())
+    if calls and groups:
+        cached = [r["arm"] for r in at if "cached" in (r.get("kernel") or "")]
+        again = [r["arm"] for r in at if r["arm"] not in cached and r.get("kernel")]
+        told = ([f"{', '.join(cached)} read{'s' * (len(cached) == 1)} cached keys and values"]
+                if cached else []) + (
+            [f"{', '.join(again)} "
+             + ("reads its window" if len(again) == 1 else "read their windows") + " again"]
+            if again else [])
+        text += ", a one-byte call: " + "; ".join(told)
+    return text
 
 
 def _memory_need(cost: list[dict]) -> dict:
@@ -730,6 +795,7 @@ def _memory_need(cost: list[dict]) -> dict:
                    for r in at if remembers(r) and r.get("segment") not in (None, "")]
     if carried:
         setting += " (" + "; ".join(carried) + ")"
+    setting += _cost_scale(at)
     if not fit:
         return {"setting": setting, "choice": "none fits", "reason": f"none fits ({out})",
                 "runner_up": "", "margin": None, "spread": None}
@@ -776,7 +842,8 @@ def _generation_need(cost: list[dict]) -> dict | None:
         picked["choice"] = f"no winner at this scale (one round, no spread; best {best})"
     elif slow[best] >= fast[second]:
         picked["choice"] = f"no winner at this scale (best {best}, within the rounds' spread)"
-    return {"setting": f"after {length} bytes, one byte a call, {rounds} rounds", **picked}
+    return {"setting": f"after {length} bytes, one byte a call, {rounds} rounds"
+                       f"{_cost_scale(at, calls=True)}", **picked}
 
 
 def _at_time(points: list[tuple[float, float]], seconds: float) -> float:
@@ -938,7 +1005,7 @@ def _context_need(context: list[dict]) -> dict:
     budget = float(rows[0]["budget"])
     return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
                        f"bytes of context, {len({r['seed'] for r in rows})} seeds"
-                       f"{_counted(context)}", **picked}
+                       f"{_scale(rows)}{_counted(context)}", **picked}
 
 
 def control_verdict(rows: list[dict], control: str = "shaw",
@@ -993,8 +1060,11 @@ def recall_need(rows: list[dict], control: str = "shaw",
     length = passed_at[-1] if passed_at else max(int(r["length"]) for r in rows)
     at = [r for r in rows if int(r["length"]) == length]
     seeds = len({r["seed"] for r in at})
-    setting = f"recall task, budget {float(at[0]['budget']):g}, length {length}, {seeds} seed" \
-              + ("s" if seeds > 1 else "") + _counted(at)
+    stream = _run_settings(at).get("train_bytes")
+    setting = (f"recall task, budget {float(at[0]['budget']):g}, length {length}, {seeds} seed"
+               + ("s" if seeds > 1 else "")
+               + _scale(at, passes=bool(stream), train_bytes=stream,
+                        over="passes over its stream") + _counted(at))
     mine = [r for r in at if r["arm"] == control]
     low = min((int(r["low"]) for r in mine), default=None)
     got = [float(r["accuracy"]) for r in mine if int(r["low"]) == low]
@@ -1054,7 +1124,8 @@ def _control_choice(passed: bool, passed_at: list[int]) -> str:
 
 def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = None,
               context: list[dict] | None = None,
-              recall: list[dict] | None = None, runs: list[dict] | None = None) -> list[dict]:
+              recall: list[dict] | None = None, runs: list[dict] | None = None,
+              plan: list[dict] | None = None) -> list[dict]:
     """The decision table from the bench's rows: for each of NEEDS, the contestant to use and
     the measured reason, the runner-up, the margin and the two's spread (of seeds; of rounds
     for a time, see `_generation_need`); 'no winner at this scale' where the spread covers
@@ -1065,7 +1136,8 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
     reach task's rows, its positive control first (`recall_need`). Best bpc at fixed
     training time reads the quality rows' training times (`_time_need`), unless the run's
     processes (`runs`, its runs.csv rows) trained at the same time: then no time is an arm's
-    own, and the row says so.
+    own, and the row says so. The reach task's rows name each arm's steps from `plan` (the
+    run's plan.csv rows), where given.
     """
     table = []
 
@@ -1127,8 +1199,13 @@ def decisions(quality: list[dict], reach: list[dict], cost: list[dict] | None = 
                 "choice": "none can reach it", "reason": "every contestant's config puts it "
                 "out of reach", "runner_up": "", "margin": None, "spread": None})
             continue
+        rows = _with_steps(rows, plan)
+        distances = _run_settings(rows).get("distances")
+        stream = _reach_train_bytes(tuple(distances)) if distances else None
+        scale = _scale(rows, passes=bool(stream), train_bytes=stream,
+                       over="passes over its stream")
         add(f"{NEEDS[3]}: {band} bytes", f"reach task, budget {float(rows[0]['budget']):g}, "
-            f"length {rows[0]['length']}{_scale(rows, passes=False)}{_counted(reach)}"
+            f"length {rows[0]['length']}{scale}{_counted(reach)}"
             f"{_missing(reach, every)}", _pick(_by_arm(rows, "accuracy"), lower=False,
                                                   what="accuracy", unit="",
                                                   chance=1 / LETTERS))
@@ -1167,7 +1244,8 @@ def write_decisions(folder: Path, quality: list[dict], reach: list[dict]) -> Pat
     context = read_rows(folder / "context" / "context.csv")
     recall = read_rows(folder / "recall" / "recall.csv")
     table = decisions(quality, reach, read_rows(folder / "cost.csv") or None,
-                      context or None, recall or None, read_rows(folder / "runs.csv") or None)
+                      context or None, recall or None, read_rows(folder / "runs.csv") or None,
+                      read_rows(folder / "plan.csv") or None)
     write_csv(table, folder / "decisions.csv")
     path = folder / "decisions.md"
     path.write_text(decisions_markdown(table) + "\n")
