@@ -670,6 +670,47 @@ def test_a_tuned_run_picks_each_arms_rate_on_bytes_it_never_trained_on_and_uses_
     assert "at least three different learning rates" in refused.stderr
 
 
+@pytest.mark.slow
+def test_a_wider_grid_tunes_only_the_new_rates_and_retrains_only_the_arms_that_moved(
+        tmp_path):
+    """A finished tuned run given a wider grid (every old rate and more): the old tuning
+    rows are kept, each arm is trained at the new rates only; an arm whose best rate does
+    not move keeps its points (nothing trained again), one whose rate moves is trained again
+    at every point; and what the widened folder holds is what a fresh run with the wide grid
+    computes. A grid that drops a rate is refused, as any other change of settings."""
+    arms = ["--seeds", "0", "--models", "char,xl-nomem"]
+    out = tmp_path / "bench"
+    _bench(out, *arms, "--lrs", "1e-9,1e-8,1e-7")  # rates that cannot learn: one is chosen
+    r = _bench(out, *arms, "--lrs", "1e-9,1e-8,1e-7,1e-2")  # one that learns: both move
+    assert "widening the stored grid of rates" in r.stdout
+    assert "bench_all [rate 2/2] " in r.stdout and "bench_all [rate 3/" not in r.stdout
+    assert "were trained at a rate no longer chosen (char now 0.01, xl-nomem now 0.01)" \
+        in r.stdout
+    assert {float(x["lr"]) for x in _read(out / "quality.csv")} == {1e-2}
+    before = {f: _read(out / f) for f in ("quality.csv", "reach.csv")}
+    wide = "1e-12,1e-9,1e-8,1e-7,1e-2"
+    r = _bench(out, *arms, "--lrs", wide)  # one that cannot beat 1e-2: no arm moves
+    assert "bench_all [rate 2/2] " in r.stdout
+    assert "bench_all [" not in r.stdout.replace("bench_all [rate", "")  # no point again
+    for f, rows in before.items():  # kept as they were, under the wider grid's settings
+        assert [{**x, "settings": ""} for x in _read(out / f)] == [
+            {**x, "settings": ""} for x in rows]
+    fresh = tmp_path / "fresh"
+    _bench(fresh, *arms, "--lrs", wide)
+    for f, keys in (("lr.csv", ("arm", "lr", "steps", "tune_bpc", "chosen", "settings")),
+                    ("quality.csv", ("arm", "budget", "seed", "steps", "common_bpc", "own_bpc",
+                                     "lr", "settings")),
+                    ("reach.csv", ("arm", "band", "cases", "accuracy", "bits", "lr",
+                                   "settings")),
+                    ("plan.csv", ("arm", "steps", "lr", "settings"))):
+        def cut(rows):
+            return sorted(tuple(x[k] for k in keys) for x in rows)
+        assert cut(_read(out / f)) == cut(_read(fresh / f)), f
+    assert len(_read(out / "lr.csv")) == 2 * 5
+    refused = _bench(out, *arms, "--lrs", "1e-9,1e-8,1e-2", code=2)  # 1e-12, 1e-7 dropped
+    assert "holds a run with other settings" in refused.stderr
+
+
 def test_the_tuning_bytes_are_the_training_splits_tail_and_never_trained_on():
     from minixl.one_bench.bench_all import chosen_rates, tuning_split
 

@@ -17,7 +17,9 @@ settings and the same plan) and only the others run; more seeds, lengths or mode
 added to a finished run the same way. With `--lrs` each arm first trains at every rate given,
 at the smallest budget and length on the smallest seed, and is scored left to right on the
 training split's last bytes (held out of those runs, never the held-out text the tables
-read); the best rate is the arm's for every point (lr.csv, and plan.csv's lr column).
+read); the best rate is the arm's for every point (lr.csv, and plan.csv's lr column). A
+finished or stopped tuned run may be given a wider grid (every rate it had, and more): it
+tunes each arm at the new rates only and trains again the arms whose best rate moved.
 Nothing here names a model: the contestants are the kinds' bench arms, and `--models` may
 add a kind of your own (MODULE:NAME).
 """
@@ -287,6 +289,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     settings = _settings(params=params, batch_size=batch_size,
                          eval_bytes=eval_bytes, reach_eval=reach_eval, **rate,
                          distances=distance_list, **policy)
+    if lr_list:
+        _widen(folder, settings)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
     done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"])) for r in quality}
@@ -336,6 +340,15 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 rates = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
                               length=min(length_list), budget=min(budget_list),
                               seed=min(seed_list), eval_bytes=eval_bytes, device=device)
+                quality, reach_rows = (_rechosen(quality, rates, quality_csv),
+                                       _rechosen(reach_rows, rates, folder / "reach.csv"))
+                done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
+                          for r in quality}
+                done_r = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
+                          for r in reach_rows}
+                count = (sum(p in done_q for p in points)
+                         + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
+                               for a in arms))
             for name, length, budget, seed in points:
                 if (name, length, budget, seed) in done_q:
                     continue
@@ -395,6 +408,58 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         write_decisions(folder, *stored)
         plot_bench(folder, *stored)
     return stored[1] if reach_only else quality
+
+
+TUNED_FILES = ("plan.csv", "quality.csv", "reach.csv", "lr.csv")  # lr.csv last: it marks
+# the widening as done (a run stopped half-way through it finds lr.csv as it was, and goes on)
+
+
+def _widen(folder: Path, settings: str) -> None:
+    """Where `folder` holds a tuned run whose settings differ from `settings` only in a
+    narrower grid of rates (every stored rate among the new ones), take it as this run:
+    every row of its TUNED_FILES is given the new settings, so that the run resumes, tunes
+    each arm at the new rates only, and then trains again only the arms whose choice moved
+    (`_rechosen`); the rest of its rows are what this run would compute (the same plan,
+    seed and rate). A stored grid that is not inside the new one, or any other setting
+    changed, is left alone, and resuming refuses it as before (`_done`)."""
+    new = json.loads(settings)
+    stored = {r["settings"] for r in read_rows(folder / "lr.csv") if r.get("settings")}
+    if len(stored) != 1 or stored == {settings}:
+        return
+    old = json.loads(stored.pop())
+    if ({k: v for k, v in old.items() if k != "lrs"} != {k: v for k, v in new.items()
+                                                         if k != "lrs"}
+            or not set(old.get("lrs") or ()) < set(new.get("lrs") or ())):
+        return
+    for name in TUNED_FILES:
+        rows = read_rows(folder / name)
+        if rows:
+            write_csv([{**r, "settings": settings} if r.get("settings")
+                       and json.loads(r["settings"]) == old else r for r in rows], folder / name)
+    added = sorted(set(new["lrs"]) - set(old["lrs"]))
+    print(f"bench_all: widening the stored grid of rates in {folder} by "
+          f"{', '.join(f'{g:g}' for g in added)}: each arm is tuned at those, and an arm whose "
+          f"best rate moves is trained again at every point", flush=True)
+
+
+def _rechosen(rows: list[dict], rates: dict[str, float], path: Path) -> list[dict]:
+    """`rows` less those trained at a rate other than their arm's chosen one (a grid widened
+    since, `_widen`), `path` written again without them, and the arms named."""
+    def stale(r):
+        return (r.get("lr") not in (None, "") and r["arm"] in rates
+                and float(r["lr"]) != rates[r["arm"]])
+    moved = sorted({r["arm"] for r in rows if stale(r)})
+    if not moved:
+        return rows
+    kept = [r for r in rows if not stale(r)]
+    print(f"bench_all: {len(rows) - len(kept)} rows of {path.name} were trained at a rate no "
+          f"longer chosen ({', '.join(f'{a} now {rates[a]:g}' for a in moved)}): they are "
+          "trained again", flush=True)
+    if kept:
+        write_csv(kept, path)
+    else:
+        path.unlink()
+    return kept
 
 
 def _tune(arms, plans, planned, corpus, folder, settings, lr_list, *, length, budget, seed,
