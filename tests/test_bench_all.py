@@ -417,7 +417,6 @@ def test_the_context_recall_and_reach_rows_name_their_size_steps_passes_and_kern
     with its arms' kernels at its length."""
     from minixl.data import load_corpus
     from minixl.one_bench.bench_all import decisions, reach_training
-    from minixl.reach import reach_records
 
     eager = ", kernels: shaw, xl eager"
     quality = [dict(_q("shaw", 0, 2.0), length="128")]
@@ -451,7 +450,6 @@ def test_the_context_recall_and_reach_rows_name_their_size_steps_passes_and_kern
     plan = [{"arm": arm, "length": "128", "budget": "1000000000.0", "steps": str(steps)}
             for arm, steps in (("shaw", 300), ("xl", 150))]
     stream = reach_training([16, 64]).data.numel()
-    assert stream == reach_records(max(64, 40_000 // 64) * 2, [16, 64], seed=0).data.numel()
     a, b = (steps * 8 * 128 / stream for steps in (300, 150))
     (row,) = [r for r in decisions(quality, reach, plan=plan) if "recall" in r["need"]]
     assert row["setting"] == ("reach task, budget 1e+09, length 128, 200,000 parameters, "
@@ -709,6 +707,14 @@ def test_a_wider_grid_tunes_only_the_new_rates_and_retrains_only_the_arms_that_m
     assert len(_read(out / "lr.csv")) == 2 * 5
     refused = _bench(out, *arms, "--lrs", "1e-9,1e-8,1e-2", code=2)  # 1e-12, 1e-7 dropped
     assert "holds a run with other settings" in refused.stderr
+    # a widening that would leave an arm's rows claiming rates it was never tuned at
+    before = {f: (out / f).read_bytes() for f in ("lr.csv", "quality.csv", "plan.csv")}
+    refused = _bench(out, "--seeds", "0", "--models", "char", "--lrs", wide + ",3e-2", code=2)
+    assert "--models to name every one (xl-nomem left out)" in refused.stderr
+    refused = _bench(out, *arms, "--lrs", wide + ",3e-2", "--reach-only", "--csv",
+                     str(out / "reach.csv"), code=2)
+    assert "a full run, not --reach-only" in refused.stderr
+    assert {f: (out / f).read_bytes() for f in before} == before  # and nothing rewritten
 
 
 def test_the_tuning_bytes_are_the_training_splits_tail_and_never_trained_on():

@@ -183,8 +183,9 @@ def test_the_decision_table_reads_generation_and_memory_from_the_cost_rows():
     cost[1].update(segment="256", memory="16384")
     memory = {r["need"]: r for r in decisions(quality, [], cost)}[NEEDS[5]]
     assert memory["setting"] == ("training steps, one row of 16384 bytes, a fresh process "
-                                 "each (b in segments of 256 with a memory of 16384), a cost "
-                                 "of untrained weights (no learning rate or corpus)")
+                                 "each (b in segments of 256 with a memory of 16384), "
+                                 "untrained weights on random bytes (no corpus; the learning "
+                                 "rate does not change a cost)")
     # rows with the training segment: every arm trained in segments shorter than the text
     # is named, with its memory or none (not only those with a memory); a window arm is not
     for r in cost:
@@ -205,7 +206,7 @@ def test_the_cost_rows_name_their_conditions_sizes_machine_and_kernels():
 
     quality = [{"arm": "a", "length": "32", "budget": "1e9", "seed": "0",
                 "own_protocol": "all-positions", "own_bpc": "2", "common_bpc": "2"}]
-    ran = {"threads": "1", "machine": "x86_64", "torch": "2.13.0+cpu"}
+    ran = {"threads": "1", "cpus": "2", "machine": "x86_64", "torch": "2.13.0+cpu"}
     cost = [{**_c("a", 16384, mb=100, gen=5.0, slow=5.5), **ran, "shape": "4 x 52",
              "params": "3553784", "kernel": "fused causal (sdpa); a one-byte call reads its "
                                             "window again (no key/value cache)"},
@@ -215,10 +216,10 @@ def test_the_cost_rows_name_their_conditions_sizes_machine_and_kernels():
             {**_c("c", 16384, mb=200, gen=9.0, slow=9.5), **ran, "shape": "4 x 60",
              "params": "194160", "kernel": "eager: the n x n scores; reads its window again"}]
     table = {r["need"]: r["setting"] for r in decisions(quality, [], cost)}
-    conditions = (", a cost of untrained weights (no learning rate or corpus), depth x width "
-                  "(parameters at this length) a 4 x 52 (3,553,784), b 4 x 60 (205,456), "
-                  "c 4 x 60 (194,160), 1 thread on x86_64, torch 2.13.0+cpu, kernels: "
-                  "a fused causal; b, c eager")
+    conditions = (", untrained weights on random bytes (no corpus; the learning rate does not "
+                  "change a cost), depth x width (parameters at this length) a 4 x 52 "
+                  "(3,553,784), b 4 x 60 (205,456), c 4 x 60 (194,160), 1 thread of 2 cores, "
+                  "an x86_64 CPU, torch 2.13.0+cpu, kernels: a fused causal; b, c eager")
     assert table[NEEDS[5]] == ("training steps, one row of 16384 bytes, a fresh process each"
                                + conditions)
     assert table[NEEDS[4]] == ("after 16384 bytes, one byte a call, 2 rounds" + conditions
@@ -226,4 +227,7 @@ def test_the_cost_rows_name_their_conditions_sizes_machine_and_kernels():
                                  "read their windows again")
     for r in cost:
         r["threads"] = "2"
-    assert ", 2 threads on x86_64," in decisions(quality, [], cost)[-1]["setting"]
+    assert ", 2 threads of 2 cores, an x86_64 CPU," in decisions(quality, [], cost)[-1][
+        "setting"]
+    cost[0]["threads"] = "1"  # points run at other thread counts: each is named
+    assert ", 1/2 threads of 2 cores," in decisions(quality, [], cost)[-1]["setting"]

@@ -155,7 +155,7 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
         "bench_context: char, trained at 32, context 8 -> 32: ")
     table = (tmp_path / "decisions.md").read_text()  # the run's row in the bench's table
     assert ("| long context on a small budget | budget 1e+09 FLOPs, trained at 64, read with "
-            "128 bytes of context, 1 seeds, 20,000 parameters, batch 2, steps (corpus passes) "
+            "128 bytes of context, 1 seed, 20,000 parameters, batch 2, steps (corpus passes) "
             f"char {plans['char', 64].steps} (") in table  # 128 bytes a step: 2 windows of 64
     assert f"xl {plans['xl', 64].steps} (" in table
     assert ("FLOPs counted as kernel, learning rate 0.002 for every arm |") in table

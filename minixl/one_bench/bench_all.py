@@ -290,7 +290,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                          eval_bytes=eval_bytes, reach_eval=reach_eval, **rate,
                          distances=distance_list, **policy)
     if lr_list:
-        _widen(folder, settings)
+        _widen(folder, settings, arms, reach_only=reach_only)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
     done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"])) for r in quality}
@@ -340,8 +340,9 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 rates = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
                               length=min(length_list), budget=min(budget_list),
                               seed=min(seed_list), eval_bytes=eval_bytes, device=device)
-                quality, reach_rows = (_rechosen(quality, rates, quality_csv),
-                                       _rechosen(reach_rows, rates, folder / "reach.csv"))
+                if not reach_only:  # (a reach-only run trains no quality point again)
+                    quality = _rechosen(quality, rates, quality_csv)
+                reach_rows = _rechosen(reach_rows, rates, folder / "reach.csv")
                 done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
                           for r in quality}
                 done_r = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
@@ -414,14 +415,16 @@ TUNED_FILES = ("plan.csv", "quality.csv", "reach.csv", "lr.csv")  # lr.csv last:
 # the widening as done (a run stopped half-way through it finds lr.csv as it was, and goes on)
 
 
-def _widen(folder: Path, settings: str) -> None:
+def _widen(folder: Path, settings: str, arms, *, reach_only: bool = False) -> None:
     """Where `folder` holds a tuned run whose settings differ from `settings` only in a
     narrower grid of rates (every stored rate among the new ones), take it as this run:
     every row of its TUNED_FILES is given the new settings, so that the run resumes, tunes
     each arm at the new rates only, and then trains again only the arms whose choice moved
     (`_rechosen`); the rest of its rows are what this run would compute (the same plan,
     seed and rate). A stored grid that is not inside the new one, or any other setting
-    changed, is left alone, and resuming refuses it as before (`_done`)."""
+    changed, is left alone, and resuming refuses it as before (`_done`). A widening must
+    train every arm the folder tuned (`arms`) and every point (not `reach_only`): else the
+    rows of an arm it does not run would claim a grid they were never tuned on."""
     new = json.loads(settings)
     stored = {r["settings"] for r in read_rows(folder / "lr.csv") if r.get("settings")}
     if len(stored) != 1 or stored == {settings}:
@@ -431,6 +434,14 @@ def _widen(folder: Path, settings: str) -> None:
                                                          if k != "lrs"}
             or not set(old.get("lrs") or ()) < set(new.get("lrs") or ())):
         return
+    tuned = list(dict.fromkeys(r["arm"] for r in read_rows(folder / "lr.csv")))
+    left = [a for a in tuned if a not in arms]
+    if left or reach_only:
+        raise ValueError(f"{folder} was tuned on {', '.join(f'{g:g}' for g in old['lrs'])}: "
+                         f"widening its grid re-tunes every arm it holds and trains again "
+                         f"those whose rate moves, so it needs "
+                         + (f"--models to name every one ({', '.join(left)} left out)"
+                            if left else "a full run, not --reach-only"))
     for name in TUNED_FILES:
         rows = read_rows(folder / name)
         if rows:
@@ -801,9 +812,9 @@ def _fits(cost: list[dict]) -> list[dict]:
 
 
 def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
-    """', a cost of untrained weights (no learning rate or corpus), depth x width
-    (parameters at this length) ARM SHAPE (P), ..., T thread(s) on MACHINE, torch V, kernels: ...' for bench_cost's rows at
-    one length: each arm's depth x width and its parameters at this length (a position table
+    """', untrained weights on random bytes (...), depth x width (parameters at this
+    length) ARM SHAPE (P), ..., T thread(s) of C cores, an ARCH CPU, torch V, kernels: ...'
+    for bench_cost's rows at one length: each arm's depth x width and its parameters at this length (a position table
     grows with it), what the run ran on, and each arm's kernel (the first clause of its row's
     `kernel`); with `calls`, also which arms' one-byte calls read cached keys and values and
     which read their window again."""
@@ -811,14 +822,17 @@ def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
         return re.split(r"[(:;]", r.get("kernel") or "", maxsplit=1)[0].strip()
     sizes = ", ".join(f"{r['arm']} {r['shape']} ({int(r['params']):,})" for r in at
                       if r.get("shape") and r.get("params") not in (None, ""))
-    text = ", a cost of untrained weights (no learning rate or corpus)"
+    text = (", untrained weights on random bytes (no corpus; the learning rate does not "
+            "change a cost)")
     if sizes:
         text += f", depth x width (parameters at this length) {sizes}"
-    ran = at[0] if at else {}
-    if ran.get("threads") not in (None, ""):
-        text += (f", {ran['threads']} thread{'s' if str(ran['threads']) != '1' else ''}"
-                 + (f" on {ran['machine']}" if ran.get("machine") else "")
-                 + (f", torch {ran['torch']}" if ran.get("torch") else ""))
+    def told(key):  # one value, or every value the rows hold
+        return "/".join(dict.fromkeys(str(r[key]) for r in at if r.get(key) not in (None, "")))
+    if told("threads"):
+        text += (f", {told('threads')} thread{'s' if told('threads') != '1' else ''}"
+                 + (f" of {told('cpus')} cores" if told("cpus") else "")
+                 + (f", an {told('machine')} CPU" if told("machine") else "")
+                 + (f", torch {told('torch')}" if told("torch") else ""))
     groups: dict[str, list[str]] = {}
     for r in at:
         if first(r):
@@ -826,7 +840,7 @@ def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
     if groups:
         text += ", kernels: " + "; ".join(f"{', '.join(a)} {k}" for k, a in groups.items())
     if calls and groups:
-        cached = [r["arm"] for r in at if "cached" in (r.get("kernel") or "")]
+        cached = [r["arm"] for r in at if "cached keys and values" in (r.get("kernel") or "")]
         again = [r["arm"] for r in at if r["arm"] not in cached and r.get("kernel")]
         told = ([f"{', '.join(cached)} read{'s' * (len(cached) == 1)} cached keys and values"]
                 if cached else []) + (
@@ -1069,7 +1083,8 @@ def _context_need(context: list[dict]) -> dict:
                              f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])
     return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
-                       f"bytes of context, {len({r['seed'] for r in rows})} seeds"
+                       f"bytes of context, {len({r['seed'] for r in rows})} seed"
+                       f"{'s' * (len({r['seed'] for r in rows}) > 1)}"
                        f"{_scale(rows)}{_counted(context)}", **picked}
 
 
