@@ -293,9 +293,6 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         _widen(folder, settings, arms, reach_only=reach_only)
     quality = _done(quality_csv, settings)
     reach_rows = _done(folder / "reach.csv", settings)
-    done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"])) for r in quality}
-    done_r = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
-              for r in reach_rows}
     with torch_threads(threads):
         plans = {}
         for length in length_list:
@@ -332,9 +329,16 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         points = [] if reach_only else [(a, n, b, s) for s in seed_list for n in length_list
                                         for b in budget_list for a in arms]
         total = len(points) + len(seed_list) * len(arms)
-        count = (sum(p in done_q for p in points)
-                 + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
-                       for a in arms))
+
+        def tally():  # (quality points done, reach points done, how many of `total`)
+            def keys(rows):
+                return {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
+                        for r in rows}
+            done_q, done_r = keys(quality), keys(reach_rows)
+            return done_q, done_r, (sum(p in done_q for p in points)
+                                    + sum((a, reach_length, reach_budget, s) in done_r
+                                          for s in seed_list for a in arms))
+        done_q, done_r, count = tally()
         try:
             if lr_list:  # its trainings are lr.csv's rows, not points of runs.csv
                 rates = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
@@ -343,13 +347,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 if not reach_only:  # (a reach-only run trains no quality point again)
                     quality = _rechosen(quality, rates, quality_csv)
                 reach_rows = _rechosen(reach_rows, rates, folder / "reach.csv")
-                done_q = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
-                          for r in quality}
-                done_r = {(r["arm"], int(r["length"]), float(r["budget"]), int(r["seed"]))
-                          for r in reach_rows}
-                count = (sum(p in done_q for p in points)
-                         + sum((a, reach_length, reach_budget, s) in done_r for s in seed_list
-                               for a in arms))
+                done_q, done_r, count = tally()
             for name, length, budget, seed in points:
                 if (name, length, budget, seed) in done_q:
                     continue
@@ -426,7 +424,8 @@ def _widen(folder: Path, settings: str, arms, *, reach_only: bool = False) -> No
     train every arm the folder tuned (`arms`) and every point (not `reach_only`): else the
     rows of an arm it does not run would claim a grid they were never tuned on."""
     new = json.loads(settings)
-    stored = {r["settings"] for r in read_rows(folder / "lr.csv") if r.get("settings")}
+    tuning = read_rows(folder / "lr.csv")
+    stored = {r["settings"] for r in tuning if r.get("settings")}
     if len(stored) != 1 or stored == {settings}:
         return
     old = json.loads(stored.pop())
@@ -434,8 +433,7 @@ def _widen(folder: Path, settings: str, arms, *, reach_only: bool = False) -> No
                                                          if k != "lrs"}
             or not set(old.get("lrs") or ()) < set(new.get("lrs") or ())):
         return
-    tuned = list(dict.fromkeys(r["arm"] for r in read_rows(folder / "lr.csv")))
-    left = [a for a in tuned if a not in arms]
+    left = [a for a in dict.fromkeys(r["arm"] for r in tuning) if a not in arms]
     if left or reach_only:
         raise ValueError(f"{folder} was tuned on {', '.join(f'{g:g}' for g in old['lrs'])}: "
                          f"widening its grid re-tunes every arm it holds and trains again "
@@ -695,20 +693,28 @@ def kernel_label(arm: str, length: int = 128) -> str | None:
     pair = bench_arms().get(arm)
     if pair is None or pair[0].kernel is None:
         return None
-    line = pair[0].kernel_note(arm_config(*pair, length))
+    return _first_clause(pair[0].kernel_note(arm_config(*pair, length)))
+
+
+def _first_clause(line: str) -> str:
     return re.split(r"[(:;]", line, maxsplit=1)[0].strip()
 
 
-def _kernels(arms, length: int = 128) -> str:
-    """', kernels: A, B LABEL; C LABEL' for the arms (those with one label grouped, in the
-    order first seen), or '' where no arm states its kernel."""
+def _grouped_kernels(labels) -> str:
+    """', kernels: A, B LABEL; C LABEL' for (arm, label) pairs (arms of one label grouped, in
+    the order first seen; an empty label left out), or '' where none has one."""
     groups: dict[str, list[str]] = {}
-    for a in arms:
-        label = kernel_label(a, length)
+    for arm, label in labels:
         if label:
-            groups.setdefault(label, []).append(a)
+            groups.setdefault(label, []).append(arm)
     return ("" if not groups else
             ", kernels: " + "; ".join(f"{', '.join(a)} {label}" for label, a in groups.items()))
+
+
+def _kernels(arms, length: int = 128) -> str:
+    """', kernels: A, B LABEL; C LABEL' for the arms (`kernel_label` at `length`), or ''
+    where no arm states its kernel."""
+    return _grouped_kernels((a, kernel_label(a, length)) for a in arms)
 
 
 def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True,
@@ -818,8 +824,6 @@ def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
     grows with it), what the run ran on, and each arm's kernel (the first clause of its row's
     `kernel`); with `calls`, also which arms' one-byte calls read cached keys and values and
     which read their window again."""
-    def first(r):
-        return re.split(r"[(:;]", r.get("kernel") or "", maxsplit=1)[0].strip()
     sizes = ", ".join(f"{r['arm']} {r['shape']} ({int(r['params']):,})" for r in at
                       if r.get("shape") and r.get("params") not in (None, ""))
     text = (", untrained weights on random bytes (no corpus; the learning rate does not "
@@ -833,21 +837,17 @@ def _cost_scale(at: list[dict], *, calls: bool = False) -> str:
                  + (f" of {told('cpus')} cores" if told("cpus") else "")
                  + (f", an {told('machine')} CPU" if told("machine") else "")
                  + (f", torch {told('torch')}" if told("torch") else ""))
-    groups: dict[str, list[str]] = {}
-    for r in at:
-        if first(r):
-            groups.setdefault(first(r), []).append(r["arm"])
-    if groups:
-        text += ", kernels: " + "; ".join(f"{', '.join(a)} {k}" for k, a in groups.items())
-    if calls and groups:
+    kernels = _grouped_kernels((r["arm"], _first_clause(r.get("kernel") or "")) for r in at)
+    text += kernels
+    if calls and kernels:
         cached = [r["arm"] for r in at if "cached keys and values" in (r.get("kernel") or "")]
         again = [r["arm"] for r in at if r["arm"] not in cached and r.get("kernel")]
-        told = ([f"{', '.join(cached)} read{'s' * (len(cached) == 1)} cached keys and values"]
+        said = ([f"{', '.join(cached)} read{'s' * (len(cached) == 1)} cached keys and values"]
                 if cached else []) + (
             [f"{', '.join(again)} "
              + ("reads its window" if len(again) == 1 else "read their windows") + " again"]
             if again else [])
-        text += ", a one-byte call: " + "; ".join(told)
+        text += ", a one-byte call: " + "; ".join(said)
     return text
 
 
@@ -1082,9 +1082,9 @@ def _context_need(context: list[dict]) -> dict:
                              f"{sum(gains) / len(gains):+.3f} bpc (seeds "
                              f"{', '.join(f'{g:+.3f}' for g in gains)})")
     budget = float(rows[0]["budget"])
+    n_seeds = len({r["seed"] for r in rows})
     return {"setting": f"budget {budget:g} FLOPs, trained at {length}, read with {longest} "
-                       f"bytes of context, {len({r['seed'] for r in rows})} seed"
-                       f"{'s' * (len({r['seed'] for r in rows}) > 1)}"
+                       f"bytes of context, {n_seeds} seed{'s' * (n_seeds > 1)}"
                        f"{_scale(rows)}{_counted(context)}", **picked}
 
 
