@@ -43,9 +43,10 @@ __all__ = ["Preset", "Objective", "BenchArm", "ModelKind", "FLOP_POLICIES", "che
 
 
 # How a kind's FLOPs are counted. 'kernel': what an eager attention kernel computes, the
-# masked half of a causal window included (the PaLM convention, the count the bench has
-# planned with so far; a fused causal kernel skips most masked blocks, so for it this count is
-# high). 'causal': what a causal model needs, each query charged only the keys it may read:
+# masked half of a causal window included (the PaLM convention; the throughput benchmark's
+# count, and the bench's until it planned causally; a fused causal kernel skips most masked
+# blocks, so for it this count is high). 'causal': what a causal model needs, the bench's
+# default (minixl.planner.BENCH_FLOP_POLICY), each query charged only the keys it may read:
 # on average (T + 1) / 2 of a window of T, M + (T + 1) / 2 with a memory of M (Shaw's
 # relative terms: the K + 1 offsets 0 to K back, each computed for every query). The tree's
 # count already charges only its causal edges, and XLNet's masks follow factorisation orders,
@@ -281,7 +282,8 @@ class ModelKind:
         return source(data, batch_size, length, seed=seed)
 
     def flops_per_token(self, model: nn.Module, policy: str = "kernel") -> float:
-        """Training FLOPs per token under `policy` (FLOP_POLICIES): the kind's own count
+        """Training FLOPs per token under `policy` (FLOP_POLICIES; 'kernel' by default, what
+        the implementation computes, as the throughput benchmark counts): the kind's own count
         (`flops`, or `causal_flops` under 'causal' where the kind has one), else 6 per weight
         (2 forward, 4 backward), the usual estimate that leaves attention out."""
         check_flop_policy(policy)

@@ -12,8 +12,9 @@ its defaults), so nothing here names a model. For each arm `plan_bench`
   d_model / n_head) whose parameter count, the model's and its objective's, is nearest the
   target, and the depth too when no width at the preset's depth comes within 10 %;
 - counts training FLOPs per byte with the kind's own count (`ModelKind.flops_per_token`)
-  under one FLOP policy for every arm (`FLOP_POLICIES`: 'kernel', the default, charges a
-  dense window's masked half too; 'causal' charges each query only the keys it may read)
+  under one FLOP policy for every arm (`FLOP_POLICIES`: 'causal', the default
+  (`BENCH_FLOP_POLICY`), charges each query only the keys it may read; 'kernel' charges a
+  dense window's masked half too, what an eager kernel computes)
   plus what its objective adds (`Objective.flops`), and picks the steps of batch_size x
   length bytes that come nearest the budget (`matched_steps`, Chapter 7.2);
 - says how far each match is off and why it cannot be exact.
@@ -33,10 +34,13 @@ from .model_kind import BenchArm, ModelKind, check_flop_policy
 
 __all__ = ["PARAMS_TOLERANCE", "FLOPS_TOLERANCE", "PlanRow", "matched_steps", "bench_arms",
            "arm_config", "sized_config", "count_arm", "at_length", "plan_arm", "plan_bench",
-           "policy_settings"]
+           "policy_settings", "BENCH_FLOP_POLICY"]
 
 PARAMS_TOLERANCE = 0.10  # parameters within 10 % of the target
 FLOPS_TOLERANCE = 0.05  # training FLOPs within 5 % of the budget
+# The policy every bench plans with unless told otherwise: what each arm's causal model needs,
+# so that no arm is charged for work its mask throws away (a dense window's masked half).
+BENCH_FLOP_POLICY = "causal"
 
 
 def matched_steps(budget: float, flops_per_byte: float, *, batch_size: int, length: int) -> int:
@@ -67,7 +71,7 @@ class PlanRow:
     train_flops: float
     flops_off: float
     why: str
-    flop_policy: str = "kernel"  # how flops_per_byte was counted (FLOP_POLICIES)
+    flop_policy: str  # how flops_per_byte was counted (FLOP_POLICIES)
 
     @property
     def matched(self) -> bool:
@@ -85,8 +89,8 @@ class PlanRow:
                 "flops_per_byte": self.flops_per_byte, "steps": self.steps,
                 "train_flops": self.train_flops, "flops_off": round(self.flops_off, 4),
                 "matched": self.matched, "why": self.why,
-                # named only when not the default, so that the stored kernel plans keep
-                # their columns; one plan has one policy, so its rows share their columns
+                # named only when not "kernel", so that the stored kernel plans keep their
+                # columns; one plan has one policy, so its rows share their columns
                 **({} if self.flop_policy == "kernel" else {"flop_policy": self.flop_policy})}
 
 
@@ -149,7 +153,7 @@ def at_length(kind: ModelKind, arm: BenchArm, row: PlanRow,
 
 
 def count_arm(kind: ModelKind, config, objective_options: dict, *,
-              policy: str = "kernel") -> tuple[int, float]:
+              policy: str = BENCH_FLOP_POLICY) -> tuple[int, float]:
     """(parameters of the model and its objective, training FLOPs per byte under `policy`),
     built on the meta device."""
     with torch.device("meta"):
@@ -162,9 +166,10 @@ def count_arm(kind: ModelKind, config, objective_options: dict, *,
 
 
 def policy_settings(policy: str) -> dict:
-    """What a bench stores of its FLOP policy in its settings: nothing for the default (the
-    stored kernel runs keep their settings and resume), else {"flop_policy": policy}, so that
-    a stopped run never resumes under the other policy."""
+    """What a bench stores of its FLOP policy in its settings: nothing for 'kernel' (the
+    default until the bench counted causally: the stored kernel runs keep their settings and
+    resume), else {"flop_policy": policy}, so that a stopped run never resumes under the
+    other policy."""
     check_flop_policy(policy)
     return {} if policy == "kernel" else {"flop_policy": policy}
 
@@ -175,7 +180,7 @@ def _off(value: float, target: float) -> float:
 
 def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params: int,
              length: int, batch_size: int, objective: dict | None = None,
-             flop_policy: str = "kernel") -> PlanRow:
+             flop_policy: str = BENCH_FLOP_POLICY) -> PlanRow:
     """One contestant's plan (see the module docstring), its FLOPs counted under
     `flop_policy`."""
     check_flop_policy(flop_policy)
@@ -236,7 +241,7 @@ def plan_arm(name: str, kind: ModelKind, arm: BenchArm, *, budget: float, params
 
 def plan_bench(*, budget: float, params: int, length: int, batch_size: int,
                arms: dict[str, tuple[ModelKind, BenchArm]] | None = None,
-               flop_policy: str = "kernel") -> list[PlanRow]:
+               flop_policy: str = BENCH_FLOP_POLICY) -> list[PlanRow]:
     """Every contestant's plan for one budget of training FLOPs and one parameter count, at
     windows (or segments) of `length` bytes, batch_size of them a step, every arm's FLOPs
     counted under one `flop_policy`."""

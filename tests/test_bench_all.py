@@ -290,7 +290,7 @@ def test_a_plan_that_changed_since_the_rows_were_written_is_refused(tmp_path):
     from minixl.one_bench.bench_all import _settings
 
     settings = _settings(params=20000, batch_size=8, eval_bytes=32768,
-                         reach_eval=200, lr=2e-3, distances=[16])
+                         reach_eval=200, lr=2e-3, distances=[16], flop_policy="causal")
     quoted = settings.replace('"', '""')
     (tmp_path / "plan.csv").write_text(
         f'arm,length,budget,params,steps,settings\nchar,32,1e9,1,1,"{quoted}"\n')

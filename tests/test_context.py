@@ -158,7 +158,7 @@ def test_the_tiny_context_bench_marks_reach_before_training_and_resumes(tmp_path
             "128 bytes of context, 1 seed, 20,000 parameters, batch 2, steps (corpus passes) "
             f"char {plans['char', 64].steps} (") in table  # 128 bytes a step: 2 windows of 64
     assert f"xl {plans['xl', 64].steps} (" in table
-    assert ("FLOPs counted as kernel, learning rate 0.002 for every arm |") in table
+    assert ("FLOPs counted as causal, learning rate 0.002 for every arm |") in table  # default
     assert "bench_context: the decision table, with this run's row: " in r.stdout
     again = run()
     assert again.returncode == 0 and "bench_context [" not in again.stdout

@@ -22,7 +22,8 @@ SETTING = dict(budget=1e12, params=200_000, length=128, batch_size=8)
 
 @pytest.fixture(scope="module")
 def plan():  # (1.5 s: the tests that read it are in the slow tier, the quick loop near 30 s)
-    return {r.arm: r for r in plan_bench(**SETTING)}
+    # the kernel count: what the implementation computes, which torch's counter can check
+    return {r.arm: r for r in plan_bench(**SETTING, flop_policy="kernel")}
 
 
 @pytest.mark.slow
@@ -50,22 +51,29 @@ def test_the_counts_for_two_kinds_by_hand():
     """Chapter 1's model, and the same with Chapter 2's losses, counted from their configs:
     a tied embedding and head V C, a position table per layer L T C, per layer the attention
     (4 C^2 + 4 C), two norms (4 C) and the feed-forward (2 C F + F + C), the final norm 2 C.
-    FLOPs: 6 per weight but the position table, and 12 L T C for the attention. The losses
-    add one classifier (a norm and C x V with bias) and, on average over the run, (L - 1) / 4
-    intermediate readouts through the tied head, and the classifier on those layers too."""
-    plan = {r.arm: r for r in plan_bench(**SETTING, arms={a: v for a, v in bench_arms().items()
-                                                         if a in ("char", "char+aux")})}
-    for arm in ("char", "char+aux"):
-        c = plan[arm].config
-        V, C, L, T, F = c.vocab_size, c.d_model, c.n_layer, c.block_size, c.d_inner
-        model = V * C + L * T * C + L * (4 * C * C + 4 * C + 4 * C + 2 * C * F + F + C) + 2 * C
-        flops = 6 * (model - L * T * C) + 12 * L * T * C
-        if arm == "char+aux":
-            head = 2 * C + C * V + V
-            model += head
-            flops += 6 * (V * C * (L - 1) / 4 + head * (1 + (L - 1) / 4))
-        assert plan[arm].params == model
-        assert plan[arm].flops_per_byte == pytest.approx(flops, rel=1e-12)
+    FLOPs: 6 per weight but the position table, and for the attention 12 L T C under the
+    kernel count (every key of the window), 6 L (T + 1) C under the causal one (the bench's
+    default: (T + 1) / 2 keys a query on average). The losses add one classifier (a norm and
+    C x V with bias) and, on average over the run, (L - 1) / 4 intermediate readouts through
+    the tied head, and the classifier on those layers too."""
+    arms = {a: v for a, v in bench_arms().items() if a in ("char", "char+aux")}
+    plans = {"causal": {r.arm: r for r in plan_bench(**SETTING, arms=arms)},  # the default
+             "kernel": {r.arm: r for r in plan_bench(**SETTING, arms=arms,
+                                                     flop_policy="kernel")}}
+    for policy, plan in plans.items():
+        for arm in ("char", "char+aux"):
+            c = plan[arm].config
+            V, C, L, T, F = c.vocab_size, c.d_model, c.n_layer, c.block_size, c.d_inner
+            model = (V * C + L * T * C + L * (4 * C * C + 4 * C + 4 * C + 2 * C * F + F + C)
+                     + 2 * C)
+            scores = 12 * L * T * C if policy == "kernel" else 6 * L * (T + 1) * C
+            flops = 6 * (model - L * T * C) + scores
+            if arm == "char+aux":
+                head = 2 * C + C * V + V
+                model += head
+                flops += 6 * (V * C * (L - 1) / 4 + head * (1 + (L - 1) / 4))
+            assert (plan[arm].params, plan[arm].flop_policy) == (model, policy)
+            assert plan[arm].flops_per_byte == pytest.approx(flops, rel=1e-12), (policy, arm)
 
 
 def _tiny(kind_name: str, **fields):
@@ -143,8 +151,8 @@ def test_the_causal_policy_keeps_the_objectives_flops_and_refuses_an_unknown_pol
 def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more_steps():
     arms = {a: v for a, v in bench_arms().items() if a in ("char", "shaw", "xl", "xlnet",
                                                             "segtree")}
-    kernel = {r.arm: r for r in plan_bench(**SETTING, arms=arms)}
-    causal = {r.arm: r for r in plan_bench(**SETTING, arms=arms, flop_policy="causal")}
+    kernel = {r.arm: r for r in plan_bench(**SETTING, arms=arms, flop_policy="kernel")}
+    causal = {r.arm: r for r in plan_bench(**SETTING, arms=arms)}  # the bench's default
     for arm, r in causal.items():
         kind = KINDS[r.kind]
         with torch.device("meta"):

@@ -490,8 +490,8 @@ def test_the_tiny_recall_bench_marks_reach_before_training_resumes_and_states_it
     assert short.returncode == 2 and "each length must be at least 32 bytes, got 16" in short.stderr
     other = run("--lr", "1e-3")  # the folder holds a run of other settings: refused, named
     assert other.returncode == 2 and "delete its folder's recall.csv to start over" in other.stderr
-    causal = run("--flop-policy", "causal")  # nor does a kernel run go on under the causal count
-    assert causal.returncode == 2 and '"flop_policy": "causal"' in causal.stderr
+    kernel = run("--flop-policy", "kernel")  # a causal run (the default) never goes on under
+    assert kernel.returncode == 2 and '"flop_policy": "causal"' in kernel.stderr  # another count
     assert "--flop-policy: invalid choice: 'half'" in run("--flop-policy", "half").stderr
 
 

@@ -247,9 +247,10 @@ _MODELS = Option("models", str, None, "comma-separated bench arms, model kinds o
                  "(default: every registered kind's arms)")
 # the choices are minixl.model_kind.FLOP_POLICIES, spelled out: that module imports torch,
 # and this one loads without it
-_FLOP_POLICY = Option("flop_policy", str, "kernel", "how every arm's training FLOPs are "
-                      "counted: kernel (a dense window's masked half charged too, what an eager "
-                      "kernel computes) or causal (each query charged only the keys it may read)",
+_FLOP_POLICY = Option("flop_policy", str, "causal", "how every arm's training FLOPs are "
+                      "counted: causal (each query charged only the keys it may read) or kernel "
+                      "(a dense window's masked half charged too, what an eager kernel computes; "
+                      "the book's first runs counted so)",
                       choices=("kernel", "causal"))
 _SHAPE_LENGTH = Option("shape_length", int, 256, "the length each contestant is sized at: its "
                        "width and depth then stay at every length")

@@ -43,7 +43,7 @@ from ..data import load_corpus
 from ..evaluation import evaluate
 from ..experiments import int_list, torch_threads, write_csv
 from ..kinds import KINDS
-from ..planner import arm_config, bench_arms, plan_bench, policy_settings
+from ..planner import BENCH_FLOP_POLICY, arm_config, bench_arms, plan_bench, policy_settings
 from ..plugins import kind_named
 from ..reach import (LETTERS, ReachRecords, distance_bands, reach_records, score_reach,
                      unreachable)
@@ -256,7 +256,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
               csv: str = "book/bench/quality.csv", device: str = "cpu",
               threads: int = 1, reach_only: bool = False,
-              flop_policy: str = "kernel", lrs: str | None = None) -> list[dict]:
+              flop_policy: str = BENCH_FLOP_POLICY, lrs: str | None = None) -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
     length and the largest budget. reach_only: the reach task alone (a control of it, say,

@@ -34,7 +34,7 @@ import torch
 
 from ..data import load_corpus
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import policy_settings
+from ..planner import BENCH_FLOP_POLICY, policy_settings
 from ..reach import unreachable
 from .bench_all import (_done, _settings, contestants, read_rows, reading_segment, train_arm,
                         write_decisions)
@@ -108,7 +108,7 @@ def bench_context(budget: float = 5e11, params: int = 200_000, seeds: str = "0,1
                   contexts: str = "32,64,128,256,512,1024", block: int = 32,
                   targets: int = 2048, batch_bytes: int = 1024, lr: float = 2e-3,
                   csv: str = "book/bench/context/context.csv", device: str = "cpu",
-                  threads: int = 1, flop_policy: str = "kernel") -> list[dict]:
+                  threads: int = 1, flop_policy: str = BENCH_FLOP_POLICY) -> list[dict]:
     """Text at length (see the module docstring): every contestant sized once, at
     `shape_length` and `params`, trained at each of `lengths` on the `pydoc` corpus with
     `budget` training FLOPs and `batch_bytes` bytes a step (batch_bytes // length windows or

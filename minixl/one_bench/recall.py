@@ -49,7 +49,8 @@ import torch
 
 from ..data import Batch, step_seed
 from ..experiments import int_list, torch_threads, write_csv
-from ..planner import FLOPS_TOLERANCE, at_length, matched_steps, plan_bench, policy_settings
+from ..planner import (BENCH_FLOP_POLICY, FLOPS_TOLERANCE, at_length, matched_steps,
+                       plan_bench, policy_settings)
 from ..reach import ReachRecords, score_reach, unreachable
 from .bench_all import (_done, _reachable, _settings, contestants, control_verdict,
                         read_left_to_right, read_rows, reading_segment, recall_need, train_arm,
@@ -215,7 +216,7 @@ RECALL_COLUMNS = ("arm", "kind", "length", "budget", "seed", "params", "steps", 
 
 
 def plan_lengths(arms: dict, lengths, *, budget: float, params: int, batch_size: int,
-                 shape_length: int, flop_policy: str = "kernel") -> dict:
+                 shape_length: int, flop_policy: str = BENCH_FLOP_POLICY) -> dict:
     """{(arm, length): PlanRow}: each arm sized once by the planner, to `params` at
     `shape_length`, then kept at that width and depth at every length (what grows with the
     length, a position table, grows; a memory keeps its ratio to the length), with the steps
@@ -247,7 +248,7 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
                  lr: float = 3e-3,
                  control: str = "shaw", control_accuracy: float = 0.95,
                  csv: str = "book/bench/recall/recall.csv", device: str = "cpu",
-                 threads: int = 1, flop_policy: str = "kernel") -> list[dict]:
+                 threads: int = 1, flop_policy: str = BENCH_FLOP_POLICY) -> list[dict]:
     """Recall at length (see the module docstring): one row per contestant, length, seed
     and band of distance, written to `csv` as each point is done (a stopped run resumes;
     its settings must match). Every contestant is planned at `params` parameters and
