@@ -306,6 +306,31 @@ def test_the_bench_ties_every_arms_head_and_a_tied_head_costs_no_fewer_flops():
         assert (not torch.allclose(before[..., 7], after[..., 7])) == moves
 
 
+def test_a_tied_tree_table_starts_where_its_first_logits_have_unit_variance():
+    """Tied, the one table starts at N(0, 1 / C), so the untrained model's logits (ln_f's
+    output, entries of about 1, times the table) have variance about 1 and its first loss is
+    near a uniform guess's; kept at the embedding's N(0, 1), the logits would spread about
+    sqrt(C) and the first loss be several times worse. Untied, the embedding keeps N(0, 1)."""
+    import math
+
+    from minixl.segtree import SegTreeConfig, SegTreeTransformer
+
+    cfg = SegTreeConfig(n_layer=2, d_model=64, n_head=4, d_inner=128, block_size=64)
+    torch.manual_seed(0)
+    untied, tied = SegTreeTransformer(cfg), SegTreeTransformer(replace(cfg, tie_head=True))
+    assert abs(untied.tok.weight.std().item() - 1) < 0.03
+    assert abs(tied.tok.weight.std().item() * math.sqrt(64) - 1) < 0.03
+    x = torch.randint(0, 256, (4, 64))
+    with torch.no_grad():
+        logits = tied(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.roll(-1, 1).flatten())
+        assert 0.7 < logits.std().item() < 1.4
+        assert loss.item() < math.log(256) + 1  # a uniform guess: log 256 = 5.5 nats
+        tied.tok.weight.normal_()  # the embedding's own start, for contrast
+        far = torch.nn.functional.cross_entropy(tied(x).flatten(0, 1), x.roll(-1, 1).flatten())
+    assert far.item() > 2 * math.log(256)
+
+
 @pytest.mark.parametrize("arm", sorted(BOOK_ARMS))
 def test_each_arms_kernel_line_says_what_a_one_byte_call_reuses(arm):
     """The cost sweep's `kernel` column: a window model's line says a one-byte call reads its

@@ -610,8 +610,9 @@ class SegTreeConfig:
     """Sizes of a SegTreeTransformer: windows of block_size bytes; rule 'segtree' (the
     minimal cover) or 'bpt' (k nodes per side and level); norm 'pre' (the book's) or 'post'
     (the paper's eq. 2); causal for language modelling; n_classes > 0 adds a classifier on
-    the root; tie_head reads the logits through the byte embeddings (the other chapters'
-    models tie theirs; the book's SegTree keeps its own head unless asked)."""
+    the root; tie_head reads the logits through the byte embeddings, a table started at
+    N(0, 1 / d_model) (the other chapters' models tie theirs; the book's SegTree keeps its
+    own head unless asked)."""
 
     vocab_size: int = 256
     n_layer: int = 4
@@ -688,9 +689,13 @@ class SegTreeTransformer(nn.Module):
         # pre-norm leaves the last block's output un-normalised; post-norm ends in a norm
         self.ln_f = nn.LayerNorm(c.d_model) if c.norm == "pre" else nn.Identity()
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_head:  # one [V, C] table reads bytes in and out; tying is the one change:
-            self.head.weight = self.tok.weight  # the table keeps the embedding's N(0, 1), so
-            # the first logits spread about sqrt(C) (Chapter 1's model starts its at N(0, 0.02))
+        if c.tie_head:  # one [V, C] table reads bytes in and out. Kept at the embedding's
+            # N(0, 1), the first logits would spread about sqrt(C) (ln_f's output has entries
+            # of about 1), far worse than a uniform guess; started at N(0, 1 / C), they have
+            # unit variance, the scale T5 reaches by rescaling its tied head's input by
+            # 1 / sqrt(C) (Raffel et al., 2020)
+            nn.init.normal_(self.tok.weight, std=c.d_model ** -0.5)
+            self.head.weight = self.tok.weight
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         # The training length's graph is built now and moves with the model (`_apply`), so a
         # compiled forward over block_size bytes only reads constant tensors.
