@@ -148,6 +148,22 @@ def test_the_causal_policy_keeps_the_objectives_flops_and_refuses_an_unknown_pol
         kind.flops_per_token(model, "half")
 
 
+def test_the_command_lines_flop_policy_default_is_the_planners():
+    """The registry spells its options out (it loads without torch); its --flop-policy default
+    and choices must be the planner's BENCH_FLOP_POLICY and minixl.model_kind.FLOP_POLICIES."""
+    from minixl.experiments import EXPERIMENTS
+    from minixl.model_kind import FLOP_POLICIES
+    from minixl.planner import BENCH_FLOP_POLICY
+
+    benches = [e for e in EXPERIMENTS.values()
+               if any(o.name == "flop_policy" for o in e.options)]
+    assert len(benches) >= 3  # bench_all, bench_context, bench_recall
+    for e in benches:
+        (option,) = [o for o in e.options if o.name == "flop_policy"]
+        assert option.default == BENCH_FLOP_POLICY
+        assert set(option.choices) == set(FLOP_POLICIES)
+
+
 def test_one_policy_counts_every_arm_and_the_causal_one_buys_the_dense_arms_more_steps():
     arms = {a: v for a, v in bench_arms().items() if a in ("char", "shaw", "xl", "xlnet",
                                                             "segtree")}

@@ -761,7 +761,7 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True,
 
 def _counted(rows: list[dict]) -> str:
     """', FLOPs counted as POLICY' for rows of one run (the policy its settings name; a run
-    of the default policy names none: 'kernel'). Rows of one run share a policy, for a
+    that names none counted by the kernel, the default before the bench counted causally). Rows of one run share a policy, for a
     stopped run never resumes under the other; rows that mix them are refused, for a row of
     the decision table compares their budgets."""
     policies = {json.loads(r["settings"]).get("flop_policy", "kernel") if r.get("settings")

@@ -263,7 +263,7 @@ def bench_recall(budget: float = 1.5e13, params: int = 100_000, seeds: str = "0,
     length's window; `control_verdict` reads it. Both the control and its bar are stored in
     the rows' settings, so the decision table (`recall_judge`) judges the run by them.
     flop_policy: how every arm's training FLOPs are counted (FLOP_POLICIES; stored in the
-    settings unless it is the default, 'kernel')."""
+    settings unless it is 'kernel': a run that names none counted by the kernel)."""
     length_list = int_list(lengths, "lengths", 2)
     distance_list = sorted(set(int_list(distances, "distances", 1)))
     seed_list = int_list(seeds, "seeds", 0)
