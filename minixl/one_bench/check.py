@@ -15,7 +15,7 @@ from ..data import load_corpus
 from .bench_all import read_left_to_right, reading_segment, train_arm
 from ..kinds import KINDS, kind_of
 from ..model_kind import ModelKind, check_flop_policy
-from ..planner import bench_arms, matched_steps, plan_bench
+from ..planner import bench_arms, count_arm, matched_steps, plan_bench
 from ..check.verdicts import call, verdict
 
 
@@ -191,7 +191,10 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
         problems.append(("plan", f"not matched ({'; '.join(missed)})" if missed else None))
     except Exception as err:  # the student's kind may fail to build: report it
         problems.append(("plan", f"the planner raised {type(err).__name__}: {err}"))
-    flat = [p.arm for p in plans if p.flops_per_byte <= 6 * p.params]
+    # under both policies: the causal count may come from a kind's causal_flops while its
+    # flops (the kernel count) leaves the attention out, or the other way round
+    flat = [p.arm for p in plans if min(p.flops_per_byte, count_arm(
+        kind, p.config, p.objective, policy="kernel")[1]) <= 6 * p.params]
     problems.insert(2, ("FLOP count", None if kind.flops and not flat else
                         ("none given" if not kind.flops else f"{', '.join(flat)} counts no "
                          f"more than 6 per weight at a window of {length}")
