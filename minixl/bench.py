@@ -11,33 +11,19 @@ kind, each in a fresh process so that the peak memory is the model's own.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
 
 import torch
 
-from .device import peak_rss_mb, resolve_device
+from .device import PEAKS, peak_rss_mb, peak_tflops, resolve_device
 from .kinds import KINDS, paper_presets, resolve_preset
 from .launch import build_model
 from .plugins import kind_named
-from .training import ModelWithLoss, make_optimizer, train_step
+from .training import ModelWithLoss, compile_run, make_optimizer, train_step
 
 __all__ = ["PEAKS", "peak_tflops", "bench", "model_point", "models_suite"]
-
-# bf16 dense tensor-core peaks (TFLOP/s) from the vendors' data sheets.
-PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
-         ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("RTX 4090", 165.0)]
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The bf16 dense peak of a GPU by its name, or None when we do not know it."""
-    for key, tflops in PEAKS:
-        if re.search(r"(^|\W)" + re.escape(key) + r"($|\W)", device_name, re.IGNORECASE):
-            return tflops
-    return None
-
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -64,7 +50,7 @@ def bench(model: str | None = None, preset: str | None = None, *,
     opt = make_optimizer([built.model, net.objective_weights], cfg, dev,
                          no_decay=kind.no_decay)
     if compile:
-        built.model.compile()
+        compile_run(built.model, built.objective)
     T, B = built.length, cfg.batch_size
     tokens = torch.randint(0, 256, (B, T + 1), device=dev)
     x, y = tokens[:, :-1], tokens[:, 1:]  # inputs and their next-byte targets

@@ -209,7 +209,10 @@ def _train(args, ranks) -> int:
         f" (torchrun: {ranks.world} processes, each {cfg.batch_size // ranks.world} of the "
         f"{cfg.batch_size} sequences of a step)" if ranks.world > 1 else " (one process)") + (
         f", {cfg.grad_accum} micro-batches per step" if cfg.grad_accum > 1 else ""), flush=True)
-    result = run.train(progress=not args.no_progress, ranks=ranks)
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops must be a positive number of TFLOP/s, got "
+                         f"{args.peak_tflops}")
+    result = run.train(progress=not args.no_progress, ranks=ranks, peak_tflops=args.peak_tflops)
     if ranks.rank:
         return 0
     print(f"corpus: {run.corpus.description}")
@@ -329,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(stretches the schedule to the new total), lr, corpus")
     t.add_argument("--overwrite", action="store_true", help="delete the run in OUT, start again")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--peak-tflops", type=float, help="the device's peak, for metrics.csv's mfu "
+                   "column (default: a GPU's bf16 peak where minixl knows it; none on a CPU)")
     t.add_argument("--sample-len", type=int, default=300, help="bytes to sample at the end")
     t.add_argument("--prompt", default="The ", help="prompt of the final sample")
     t.set_defaults(func=cmd_train)

@@ -2,7 +2,8 @@
 
 Hand-written shared machinery (not generated): the trainer, evaluation, sampling and the
 benchmarks all choose their device and their precision here (`resolve_dtype`: fp32, or bf16
-autocast where the device runs it fast), and read a process's peak memory on the CPU. A run launched by torchrun (one process per GPU)
+autocast where the device runs it fast), read a process's peak memory on the CPU, and know a
+GPU's bf16 peak, which MFU (`minixl bench`, `minixl train`'s metrics.csv) divides by. A run launched by torchrun (one process per GPU)
 reads its place from the environment torchrun sets: RANK, LOCAL_RANK and WORLD_SIZE.
 """
 
@@ -13,13 +14,14 @@ import functools
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_device", "DTYPES", "resolve_dtype", "cpu_bf16_speedup", "autocast",
-           "distributed_env", "training_device", "peak_rss_mb"]
+__all__ = ["PEAKS", "peak_tflops", "resolve_device", "DTYPES", "resolve_dtype",
+           "cpu_bf16_speedup", "autocast", "distributed_env", "training_device", "peak_rss_mb"]
 
 DTYPES = ("fp32", "bf16", "auto")
 # `auto` picks bf16 on a CPU whose bf16 matmuls the probe measures at least this many times
@@ -27,6 +29,19 @@ DTYPES = ("fp32", "bf16", "auto")
 # that emulates bf16, slower than fp32)
 BF16_MIN_SPEEDUP = 1.5
 _BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's, and Arm's (its "Features")
+
+
+# bf16 dense tensor-core peaks (TFLOP/s) from the vendors' data sheets.
+PEAKS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
+         ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("RTX 4090", 165.0)]
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """The bf16 dense peak of a GPU by its name, or None when we do not know it."""
+    for key, tflops in PEAKS:
+        if re.search(r"(^|\W)" + re.escape(key) + r"($|\W)", device_name, re.IGNORECASE):
+            return tflops
+    return None
 
 
 def resolve_device(name: str = "auto") -> torch.device:

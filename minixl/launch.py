@@ -168,14 +168,18 @@ class PreparedRun:
     allow_change: tuple[str, ...] = ()
     dtype_why: str = ""  # why the run trains in its dtype (what --dtype auto picked)
 
-    def train(self, *, progress: bool = True, ranks=None) -> TrainResult:
+    def train(self, *, progress: bool = True, ranks=None,
+              peak_tflops: float | None = None) -> TrainResult:
         """Run it; ranks: the process group a caller holds open (the command line's), else
-        the trainer opens one for the run."""
+        the trainer opens one for the run. metrics.csv's mfu uses `minixl bench`'s FLOP
+        count and peak_tflops (default: a GPU's known bf16 peak)."""
         b = self.built
         return train(b.model, b.config, batches=self.batches, objective=b.objective,
                      held_out=self.held_out, out=self.out, resume=self.resume,
                      overwrite=self.overwrite, allow_change=self.allow_change, meta=self.meta,
-                     progress=progress, no_decay=b.kind.no_decay, ranks=ranks)
+                     progress=progress, no_decay=b.kind.no_decay, ranks=ranks,
+                     flops_per_token=b.kind.training_flops_per_token(b.model, b.objective),
+                     peak_tflops=peak_tflops)
 
 
 def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *,

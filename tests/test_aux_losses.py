@@ -287,3 +287,70 @@ def test_cli_eval_flag_errors(char_run, capsys):
         assert msg in err and "Traceback" not in err, (argv, err)
     assert main(["train", "--aux-losses", "layer", "--out", str(char_run.parent / "x")]) == 2
     assert "unknown auxiliary loss 'layer'" in capsys.readouterr().err
+
+
+def _losses_and_grads(aux_cls, aux_cfg, progress, n_layer=4, compile_with=None):
+    """The losses of aux_cls on a fixed model and batch, and the gradients of every weight
+    (model and extra classifiers; None where none flows)."""
+    torch.manual_seed(0)
+    config = CharTransformerConfig(n_layer=n_layer, d_model=32, n_head=2, d_inner=64,
+                                   block_size=16)
+    model = CharTransformer(config)
+    aux = aux_cls(aux_cfg, n_layer=n_layer, d_model=32)
+    if compile_with is not None:
+        aux.compile_losses(backend=compile_with)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (3, 16), generator=g), torch.randint(0, 256, (3, 16), generator=g)
+    logits, hidden = model(x, return_hidden=True)
+    parts = aux(logits, hidden, y, progress=progress, readout=model.readout)
+    parts["loss"].backward()
+    return parts, [p.grad for p in [*model.parameters(), *aux.parameters()]]
+
+
+def _same_grads(got, want):
+    for a, b in zip(got, want, strict=True):
+        if a is None or b is None:  # a weight only one of them reached must get nothing
+            assert (b if a is None else a).abs().max() == 0
+        else:
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("positions", [True, False])
+@pytest.mark.parametrize("layers,targets", [(0.0, 0), (1.0, 0), (0.0, 1), (1.0, 1), (0.3, 2)])
+def test_stacked_losses_equal_the_loop_in_values_and_gradients(positions, layers, targets):
+    from minixl.aux_losses import StackedAuxLosses
+    aux_cfg = AuxLossConfig(positions=positions, layers=layers, targets=targets)
+    # 4 layers switch off at p = 1/8, 2/8 and 3/8: all on, some off, all off, the end
+    for progress in (0.0, 0.05, 0.2, 0.3, 0.4, 1.0):
+        want, want_grads = _losses_and_grads(AuxLosses, aux_cfg, progress)
+        got, got_grads = _losses_and_grads(StackedAuxLosses, aux_cfg, progress)
+        assert got.keys() == want.keys()
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], msg=f"{key} at p={progress}")
+        _same_grads(got_grads, want_grads)
+
+
+def test_stacked_losses_compile_to_two_graphs_a_run_without_breaks():
+    """The schedule changes the weights every step; compiled, the losses are one graph while
+    an intermediate loss is on and a second after the last one turns off (p = 3/8 here)."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    from minixl.aux_losses import StackedAuxLosses
+    aux_cfg = AuxLossConfig(layers=1.0, targets=1)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        counter, graphs = CompileCounter(), []
+        for progress in (0.0, 0.01, 0.1, 0.2, 0.3, 0.37, 0.38, 0.5, 0.9):
+            got, got_grads = _losses_and_grads(StackedAuxLosses, aux_cfg, progress,
+                                               compile_with=counter)
+            graphs.append(counter.frame_count)
+            want, want_grads = _losses_and_grads(AuxLosses, aux_cfg, progress)
+            torch.testing.assert_close(got["loss"], want["loss"])
+            _same_grads(got_grads, want_grads)
+        assert graphs == [1] * 6 + [2] * 3, graphs
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()

@@ -157,3 +157,59 @@ def test_models_suite_from_the_command_line(tmp_path, capsys):
     assert float(rows[0]["tokens_per_s"]) > 0 and rows[0]["mfu"] == ""
     printed = capsys.readouterr().out
     assert printed.startswith("| model | preset |") and "| char | t12 | cpu |" in printed
+
+
+def test_train_logs_mfu_with_the_benchs_flop_count(tmp_path, small_corpus):
+    """metrics.csv's mfu is the row's tokens/s times the FLOPs per token `minixl bench`
+    counts (the objective's readouts and classifier included) over the peak; on a CPU, with
+    no peak given, the column is there and empty, and tokens/s is logged all the same."""
+    import csv
+
+    from conftest import train_args
+    from minixl.checkpoint import load_checkpoint
+    from minixl.kinds import model_from_checkpoint
+
+    losses = {"aux_losses": "positions,layers,targets"}
+    out = tmp_path / "run"
+    assert main(train_args("char", out, 4, "--corpus", str(small_corpus), "--aux-losses",
+                           losses["aux_losses"], "--peak-tflops", "0.001")) == 0
+    model = model_from_checkpoint(load_checkpoint(out / "checkpoint.pt"))
+    kind = KINDS["char"]
+    objective = kind.build_objective(model.config, kind.objective_options("tiny", losses))
+    flops = kind.training_flops_per_token(model, objective)
+    assert flops > 1.05 * kind.flops_per_token(model)  # the objective's part is in
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert rows
+    for r in rows:  # 0.001 TFLOP/s = 1e9 FLOP/s; both columns are written to 4 digits
+        assert math.isclose(float(r["mfu"]), float(r["tokens_per_s"]) * flops / 1e9,
+                            rel_tol=2e-3)
+    plain = tmp_path / "plain"
+    assert main(train_args("char", plain, 2, "--corpus", str(small_corpus))) == 0
+    rows = list(csv.DictReader(open(plain / "metrics.csv")))
+    assert all(r["mfu"] == "" and float(r["tokens_per_s"]) > 0 for r in rows)
+
+
+def test_a_rows_tokens_per_s_leaves_out_held_out_evaluation():
+    """Every step is evaluated here by a held-out measure that takes a second; the rows'
+    tokens/s is the rate of the training steps alone (64 tokens a step of a tiny model:
+    thousands a second), not 64 tokens over more than a second."""
+    import time
+
+    from minixl import CharTransformer, CharTransformerConfig
+    from minixl.data import RandomWindows
+    from minixl.training import TrainConfig, train
+
+    def slow_held_out(model, n_bytes):
+        time.sleep(1.0)
+        return 8.0
+
+    torch.manual_seed(0)
+    model = CharTransformer(CharTransformerConfig(n_layer=1, d_model=32, n_head=2, d_inner=64,
+                                                  block_size=16))
+    data = torch.randint(0, 256, (2000,), dtype=torch.uint8)
+    result = train(model, TrainConfig(steps=3, batch_size=4, warmup=0, eval_every=1,
+                                      log_every=1, device="cpu"),
+                   batches=RandomWindows(data, 4, 16), held_out=slow_held_out, progress=False)
+    rates = [row["tokens_per_s"] for row in result.history]
+    assert len(rates) == 3 and min(rates) > 10 * 64, rates
+    assert all(row["mfu"] is None for row in result.history)  # no peak on a CPU

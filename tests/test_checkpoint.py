@@ -167,6 +167,8 @@ def test_compiled_training_saves_plain_keys(tmp_path, monkeypatch, small_corpus)
     out = tmp_path / "run"
     assert main(train_args("char", out, 2, "--corpus", str(small_corpus), "--compile")) == 0
     assert calls, "--compile did not compile the model"
+    # and Chapter 2's stacked losses, outside the model's forward, are compiled too
+    assert any(getattr(fn, "__name__", "") == "stacked" for fn in calls), calls
     keys = load_checkpoint(out / "checkpoint.pt")["model"]
     plain = CharTransformer(CharTransformerConfig(n_layer=1, d_model=32, n_head=2, d_inner=64,
                                                   block_size=32)).state_dict()

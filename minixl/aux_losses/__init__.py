@@ -10,8 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     'next_byte_loss', 'intermediate_weight', 'layer_weights', 'ahead_pairs',
-    'AuxLossConfig', 'AuxLosses', 'AuxObjective', 'sliding_windows',
-    'evaluate_bpc_sliding',
+    'AuxLossConfig', 'AuxLosses', 'AuxObjective', 'per_layer_loss', 'StackedAuxLosses',
+    'sliding_windows', 'evaluate_bpc_sliding',
 ]
 
 # %% book/02_aux_losses.md, section 2. Going deeper: auxiliary losses
@@ -168,6 +168,57 @@ class AuxObjective(nn.Module):
         return {"loss": parts["loss"], "next_byte": logged.detach(),
                 "aux_layers": parts["layers"].detach(),
                 "aux_targets": parts["targets"].detach()}, None
+
+
+# %% book/02_aux_losses.md, section 2.5 The losses as one component / The same losses in one pass
+def per_layer_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of each layer's logits [K, B, T, V] against targets [B, T]: [K]."""
+    K = logits.size(0)
+    nll = F.cross_entropy(logits.float().flatten(0, -2),
+                          targets.expand(K, -1, -1).reshape(-1), reduction="none")
+    return nll.view(K, -1).mean(1)
+
+
+class StackedAuxLosses(AuxLosses):
+    """AuxLosses with the same values and gradients, the layers stacked: one readout and one
+    cross-entropy for all intermediate layers, each extra classifier applied to all layers at
+    once. Compiled (compile_losses), it is two graphs per run, not one per step."""
+
+    def forward(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor, *,
+                progress: float, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+        c = self.config
+        if len(hidden) != self.n_layer:
+            raise ValueError(f"expected the hidden states of all {self.n_layer} layers, "
+                             f"got {len(hidden)}")
+        if c.targets >= targets.size(1):
+            raise ValueError(f"targets={c.targets} extra bytes ahead need windows longer than "
+                             f"{c.targets}; these have {targets.size(1)} positions")
+        inner = [c.layers * w for w in layer_weights(self.n_layer, progress)[:-1]]
+        read = inner + [1.0] if any(inner) else [1.0]  # while any is on, all are read
+        weights = torch.tensor(read, device=logits.device)  # (K,), a tensor: no new graph
+        return self.stacked(logits, hidden[-len(read):], targets, weights, readout)
+
+    def stacked(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor,
+                weights: torch.Tensor, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+        """The losses of the K layers in hidden (the last is the top one, whose logits are
+        given), layer k weighted weights[k]; the part that compile_losses compiles."""
+        c, T = self.config, targets.size(1)
+        pick = slice(-1, None) if not c.positions else slice(None)  # positions scored
+        final = next_byte_loss(logits, targets, last_only=not c.positions)
+        h = torch.stack(hidden)  # (K, B, T, C)
+        layers = extra = final.new_zeros(())
+        if len(hidden) > 1:  # the intermediate layers read through the model's head
+            below = per_layer_loss(readout(h[:-1, :, pick]), targets[:, pick])  # (K - 1,)
+            layers = (weights[:-1] * below).sum()
+        for j, head in enumerate(self.target_heads, start=1):  # predicts byte t + 1 + j
+            ahead = per_layer_loss(head(h[:, :, :T - j][:, :, pick]), targets[:, j:][:, pick])
+            extra = extra + c.target_weight * (weights * ahead).sum()
+        return {"loss": final + layers + extra, "final": final, "layers": layers,
+                "targets": extra}
+
+    def compile_losses(self, **options) -> None:
+        """torch.compile `stacked` (options: torch.compile's); the schedule stays in Python."""
+        self.stacked = torch.compile(self.stacked, **options)
 
 
 # %% book/02_aux_losses.md, section 2.7 Evaluating the way the paper does

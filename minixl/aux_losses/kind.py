@@ -1,6 +1,6 @@
 """Chapter 2's home for the `char` kind: Chapter 1's model trained with Chapter 2's losses.
 
-Hand-written glue (not generated). `AUX_OBJECTIVE` is Chapter 2's auxiliary losses as an objective (its command-line options
+Hand-written glue (not generated). `AUX_OBJECTIVE` is Chapter 2's auxiliary losses (stacked) as an objective (its command-line options
 `--aux-losses`, `--aux-targets`), which the windowed models of Chapters 1 and 3 train with;
 `CHAR` is the kind `minixl train --model char` builds, every fact about it in one place. Declaring registers nothing: the registry
 (`minixl.kinds`) names this module in its table and imports it when the kind is first used.
@@ -14,7 +14,7 @@ from ..char_transformer import CharTransformer, CharTransformerConfig
 from ..model_kind import (BenchArm, ModelKind, Objective, Preset, SMALL_TRAIN, TINY_TRAIN,
                           count_weights, window_kernel, window_reach)
 from ..options import Option
-from . import AuxLossConfig, AuxLosses, AuxObjective
+from . import AuxLossConfig, AuxObjective, StackedAuxLosses
 
 __all__ = ["parse_aux_losses", "AUX_OBJECTIVE", "CHAR"]
 
@@ -55,8 +55,10 @@ def parse_aux_losses(spec: str, targets: int = 1) -> AuxLossConfig:
 
 def _aux_objective(model_cfg, aux_losses: str, aux_targets: int) -> nn.Module:
     config = parse_aux_losses(aux_losses, aux_targets)
-    return AuxObjective(AuxLosses(config, n_layer=model_cfg.n_layer, d_model=model_cfg.d_model,
-                                  vocab_size=model_cfg.vocab_size))
+    # the stacked losses: the loop's values and gradients, in two compiled graphs a run
+    return AuxObjective(StackedAuxLosses(config, n_layer=model_cfg.n_layer,
+                                         d_model=model_cfg.d_model,
+                                         vocab_size=model_cfg.vocab_size))
 
 
 def _aux_flops(model: nn.Module, objective: nn.Module) -> float:

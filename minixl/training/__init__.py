@@ -14,12 +14,14 @@ can be skipped on a first reading:
 - `state.py`: a model's state of any shape, split, moved and saved.
 """
 
-from .loop import ModelWithLoss, TrainConfig, TrainResult, next_byte_objective, train, train_step
+from .loop import (ModelWithLoss, TrainConfig, TrainResult, compile_run, next_byte_objective, train,
+                   train_step)
 from .optim import decay_groups, decays, make_optimizer
 from .metrics import TrainingDiverged
 from .run_folder import SaveFailed
 from .signals import TrainingInterrupted
 
 __all__ = ["TrainConfig", "TrainResult", "TrainingInterrupted", "TrainingDiverged", "SaveFailed",
-           "train", "train_step", "next_byte_objective", "ModelWithLoss", "decays", "decay_groups",
+           "train", "train_step", "next_byte_objective", "ModelWithLoss", "compile_run", "decays",
+           "decay_groups",
            "make_optimizer"]

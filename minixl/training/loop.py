@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..char_transformer import lr_at
 from ..checkpoint import CheckpointError
 from ..data import step_seed
-from ..device import DTYPES, autocast, distributed_env, resolve_dtype
+from ..device import DTYPES, autocast, distributed_env, peak_tflops, resolve_dtype
 from . import state as states
 from .distributed import ProcessGroup, process_group, wrap_ddp
 from .optim import DECAY_ON, make_optimizer
@@ -41,8 +41,8 @@ from .metrics import LossMeter, TrainingDiverged
 from .run_folder import CHECKPOINT, RunFolder, SaveFailed, restore
 from .signals import StopNow, Stopper, TrainingInterrupted
 
-__all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "ModelWithLoss", "train_step",
-           "train"]
+__all__ = ["TrainConfig", "TrainResult", "next_byte_objective", "ModelWithLoss", "compile_run",
+           "train_step", "train"]
 
 
 @dataclass
@@ -143,6 +143,16 @@ class ModelWithLoss(nn.Module):
         return self.objective(self.model, x, y, state, progress)
 
 
+def compile_run(model: nn.Module, objective: Callable | None = None) -> None:
+    """torch.compile the model in place (its state_dict keys stay plain) and every part of an
+    nn.Module objective that offers `compile_losses()` (Chapter 2's stacked losses do)."""
+    model.compile()
+    if isinstance(objective, nn.Module):
+        for part in objective.modules():
+            if callable(getattr(part, "compile_losses", None)):
+                part.compile_losses()
+
+
 def seed_rng(seed: int, device: torch.device) -> None:
     """Seed the generator that draws dropout masks (and an objective's random choices) on
     `device`: the CPU's alone on the CPU (torch.manual_seed would also seed every other
@@ -195,7 +205,8 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
           objective: Callable | None = None, held_out: Callable | None = None,
           out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
           allow_change: tuple[str, ...] = (), meta: dict | None = None, progress: bool = True,
-          no_decay: Collection[str] = (), ranks: ProcessGroup | None = None) -> TrainResult:
+          no_decay: Collection[str] = (), ranks: ProcessGroup | None = None,
+          flops_per_token: float | None = None, peak_tflops: float | None = None) -> TrainResult:
     """Train `model` for cfg.steps optimiser steps on batches(step); see the module docstring.
 
     objective(model, x, y, state, progress) -> (losses dict with "loss", new state); an
@@ -205,7 +216,9 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
     distributed run every process runs it (on the same weights) and rank 0 reports it.
     no_decay: parameter names that weight_decay_on="matrices" leaves alone (a model kind's).
     ranks: the process group, when the caller holds one open (`minixl train` does, for the
-    whole command); else the run opens and closes its own.
+    whole command); else the run opens and closes its own. flops_per_token (the model's
+    training FLOPs, as `minixl bench` counts them) adds an mfu column to metrics.csv, of
+    peak_tflops (default: the GPU's bf16 peak, where minixl knows it; none on a CPU).
     """
     world = distributed_env()[2]
     if cfg.batch_size % (world * cfg.grad_accum):
@@ -220,11 +233,12 @@ def train(model: nn.Module, cfg: TrainConfig, *, batches: Callable,
         return _train(ranks, model, cfg, batches=batches, objective=objective,
                       held_out=held_out, out=out, resume=resume, overwrite=overwrite,
                       allow_change=allow_change, meta=meta or {}, progress=progress,
-                      no_decay=no_decay, cleanup=cleanup)
+                      no_decay=no_decay, cleanup=cleanup, flops=flops_per_token,
+                      peak=peak_tflops)
 
 
 def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, overwrite,
-           allow_change, meta, progress, no_decay, cleanup) -> TrainResult:
+           allow_change, meta, progress, no_decay, cleanup, flops, peak) -> TrainResult:
     device = ranks.device
     net = ModelWithLoss(model, objective).to(device)
     weights = net.objective_weights
@@ -246,7 +260,7 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     if out is not None and start:
         rec.agreed(lambda: run.trim(start))  # metrics rows after the checkpoint are redone
     if cfg.compile:
-        model.compile()  # compiles the module in place: its state_dict keys stay plain
+        compile_run(model, objective)
     if ranks.on and start < cfg.steps:
         x, y, reset_state = batches(start)
         net = wrap_ddp(net, x[mine][:micro].to(device), y[mine][:micro].to(device),
@@ -254,7 +268,9 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                        else states.rows(state, slice(0, micro)),
                        device)
     params = [p for p in net.parameters() if p.requires_grad]
-    log, bar = rec.begin(progress)  # the clock starts here
+    if peak is None and device.type == "cuda":
+        peak = peak_tflops(torch.cuda.get_device_name(device))
+    log, bar = rec.begin(progress, flops, peak)  # the clock starts here
 
     done, valid = start, None
     with Stopper(enabled=out is not None, distributed=ranks.on, quiet=ranks.rank != 0) as stopper:
@@ -278,14 +294,15 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
                 log.add(step, parts, norm, x.numel())
                 valid, last = None, done == cfg.steps
                 if held_out is not None and (done % cfg.eval_every == 0 or last):
-                    with stopper.interruptible():  # after the last step: the whole split
+                    with stopper.interruptible(), log.paused(device):  # last: the whole split
                         valid = held_out(model, None if last else cfg.eval_bytes)
                 if (done % cfg.log_every == 0 or valid is not None or done == cfg.steps
                         or stopper.stop):  # a stopped run logs its last, shorter window
                     rec.row(done, valid, cfg.lr_at(step))
                 if out is not None and (done % cfg.ckpt_every == 0 or done == cfg.steps
                                         or stopper.stop):
-                    rec.save(done, state)
+                    with log.paused(device):
+                        rec.save(done, state)
                 if stopper.stop:
                     stopper.saved = True
                     ranks.barrier()  # no process ends before rank 0 has saved
@@ -358,10 +375,11 @@ class _AgreedRecords:
         if run:
             run.opt, run.saved = opt, start
 
-    def begin(self, show: bool):
+    def begin(self, show: bool, flops: float | None = None, peak: float | None = None):
         """Start the clock: (the window of losses to log, the steps to run as a progress bar,
-        rank 0's if `show`)."""
-        self.log, self.t0 = LossMeter(self.cfg.lr, self.ranks), time.perf_counter()
+        rank 0's if `show`); with flops per token and a peak, the rows carry MFU."""
+        self.log = LossMeter(self.cfg.lr, self.ranks, flops_per_token=flops, peak_tflops=peak)
+        self.t0 = time.perf_counter()
         self._bar = _progress_bar(show and self.ranks.rank == 0, self.start, self.cfg.steps,
                                   self.run)
         return self.log, self._bar

@@ -14,6 +14,7 @@ The run folder (`run_folder.py`) does the writing, the cutting back and the erro
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import re
@@ -42,12 +43,27 @@ class LossMeter:
 
     Distributed, a row's losses are the means over the processes and a non-finite loss or
     gradient norm of any process stops all of them at the same step: both are settled when a
-    row is made or a checkpoint saved, never per step. `tokens` counts the whole batch."""
+    row is made or a checkpoint saved, never per step. `tokens` counts the whole batch.
+    A row's tokens_per_s is of training time alone (see `paused`); its mfu, that rate times
+    flops_per_token over the device's peak, is None where either is unknown (on a CPU)."""
 
-    def __init__(self, lr: float, ranks):
+    def __init__(self, lr: float, ranks, *, flops_per_token: float | None = None,
+                 peak_tflops: float | None = None):
         self.sums, self.n, self.tokens, self.t, self.lr = {}, 0, 0, time.perf_counter(), lr
-        self.ranks = ranks
+        self.ranks, self.flops, self.peak = ranks, flops_per_token, peak_tflops
         self.bad_step = None  # first step (1-based) whose loss or gradient norm was not finite
+
+    @contextlib.contextmanager
+    def paused(self, device: torch.device):
+        """Leave the block's time (held-out evaluation, a checkpoint) out of tokens/s and MFU.
+        On CUDA the steps queued before it are waited for first, so they count as training."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.t += time.perf_counter() - start
 
     def add(self, step: int, parts: dict, norm: torch.Tensor, tokens: int) -> None:
         for key, value in {**parts, "grad_norm": norm}.items():
@@ -79,8 +95,11 @@ class LossMeter:
                "valid_bpc": valid, "loss": mean["loss"] / ln2}
         row |= {k: v / ln2 for k, v in mean.items()
                 if k not in ("loss", "next_byte", "final", "grad_norm")}
-        row |= {"grad_norm": mean["grad_norm"], "lr": lr,
-                "tokens_per_s": self.tokens / (now - self.t), "elapsed_s": now - t0}
+        tokens_per_s = self.tokens / (now - self.t)
+        mfu = (tokens_per_s * self.flops / (self.peak * 1e12)
+               if self.flops and self.peak else None)
+        row |= {"grad_norm": mean["grad_norm"], "lr": lr, "tokens_per_s": tokens_per_s,
+                "mfu": mfu, "elapsed_s": now - t0}
         self.sums, self.n, self.tokens, self.t = {}, 0, 0, now
         return row
 
@@ -89,7 +108,7 @@ def format_row(row: dict) -> dict:
     """A metrics row as metrics.csv writes it: losses to 4 decimals, rates to 4 digits,
     elapsed seconds to one decimal, steps as integers, a missing value empty."""
     return {k: "" if v is None else v if isinstance(v, int) else f"{v:.4g}" if k in (
-        "grad_norm", "lr", "tokens_per_s") else f"{v:.1f}" if k == "elapsed_s" else f"{v:.4f}"
+        "grad_norm", "lr", "tokens_per_s", "mfu") else f"{v:.1f}" if k == "elapsed_s" else f"{v:.4f}"
         for k, v in row.items()}
 
 
