@@ -627,3 +627,29 @@ def test_xl_compiles_to_one_graph_without_steady_state_recompiles(impl):
             _, state = step(x, state)
         assert counters["stats"]["unique_graphs"] == warm
         dynamo.reset()
+
+
+def test_xl_training_compiles_once_after_its_first_segment():
+    """As `minixl train --compile` runs it (model.compile(), step after step with a backward):
+    the first segment has no memory and compiles once; every later segment, the memory full,
+    shares one graph. A memory whose strides changed from step 2 to step 3 (a slice of
+    [mem; h]) would compile a third time, a full recompile of a large model on a GPU."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        model = TransformerXL(tiny(tgt_len=8, mem_len=8))
+        counter = CompileCounter()
+        model.compile(backend=counter)
+        state, frames = None, []
+        for seed in range(6):
+            x = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(seed))
+            logits, state = model.step(x, state)
+            logits.float().logsumexp(-1).mean().backward()
+            frames.append(counter.frame_count)
+            assert all(m.is_contiguous() and m.shape == (2, 8, 32) for m in state)
+        assert frames == [1, 2, 2, 2, 2, 2], frames
+    finally:
+        dynamo.reset()

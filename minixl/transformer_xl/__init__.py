@@ -371,11 +371,13 @@ class TransformerXL(nn.Module):
     @torch.no_grad()
     def update_mems(self, inputs: list[torch.Tensor], mems: list[torch.Tensor],
                     mem_len: int) -> list[torch.Tensor]:
-        """Per layer, the last mem_len rows of [mem; input], detached: [B, <= mem_len, C]."""
+        """Per layer, the last mem_len rows of [mem; input], detached: [B, <= mem_len, C].
+        Contiguous, so that every full memory has the same strides: a compiled forward that
+        read one reads the next without compiling again."""
         out = []
         for h, m in zip(inputs, mems):
             cat = torch.cat([m, h.to(m.dtype)], dim=1) if m.size(1) else h
-            out.append(cat[:, max(0, cat.size(1) - mem_len):].detach())
+            out.append(cat[:, max(0, cat.size(1) - mem_len):].detach().contiguous())
         return out
 
 
