@@ -5,7 +5,8 @@ does (`minixl.launch.build_model`: the preset, the objective, the optimiser with
 weight-decay groups, fused on CUDA) and times the trainer's own `train_step` on random
 bytes, with the state carried from step to step as in training. `models_suite` (the entry
 ``models`` of the registry of runs, `minixl bench --suite models`) does it for every model
-kind, each in a fresh process so that the peak memory is the model's own.
+kind, each in a fresh process so that the peak memory is the model's own. `profile` (the
+entry ``profile``) says where a step's time goes: its top operators or GPU kernels.
 """
 
 from __future__ import annotations
@@ -23,23 +24,20 @@ from .launch import build_model
 from .plugins import kind_named
 from .training import ModelWithLoss, compile_run, make_optimizer, train_step
 
-__all__ = ["PEAKS", "peak_tflops", "bench", "model_point", "models_suite"]
+__all__ = ["PEAKS", "peak_tflops", "bench", "profile", "model_point", "models_suite"]
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
-def bench(model: str | None = None, preset: str | None = None, *,
-          model_settings: dict | None = None, objective_options: dict | None = None,
-          batch_size: int | None = None, steps: int = 20, warmup: int = 5,
-          device: str = "auto", compile: bool = False, peak: float | None = None) -> dict:
-    """Training throughput (forward, backward, AdamW step: `minixl.training.train_step`, with
-    the optimiser `minixl train` makes) in tokens/s, and MFU on CUDA, of a model kind at a
-    preset (config fields overridden by model_settings; batch_size None: the preset's)."""
-    if (batch_size is not None and batch_size < 1) or steps < 1 or warmup < 0:
-        raise ValueError(f"need batch_size >= 1, steps >= 1 and warmup >= 0, got {batch_size}, "
-                         f"{steps} and {warmup}")
+def _training_step(model: str | None, preset: str | None, *, model_settings: dict | None,
+                   objective_options: dict | None, batch_size: int | None, device: str,
+                   compile: bool):
+    """(the built run, its device, step): a run built the way `minixl train` builds it
+    (`minixl.launch.build_model`: the preset, the objective, the optimiser with its
+    weight-decay groups, fused on CUDA; compiled as `--compile` compiles it), and step(), one
+    `train_step` on the same random bytes, the state carried from step to step."""
     dev = resolve_device(device)
     built = build_model(model, preset, model_settings=model_settings,
                         train_settings={"batch_size": batch_size, "device": str(dev),
@@ -60,9 +58,29 @@ def bench(model: str | None = None, preset: str | None = None, *,
         nonlocal state
         _, state, _ = train_step(net, opt, x, y, state, grad_clip=cfg.grad_clip, device=dev)
 
+    return built, dev, step
+
+
+def bench(model: str | None = None, preset: str | None = None, *,
+          model_settings: dict | None = None, objective_options: dict | None = None,
+          batch_size: int | None = None, steps: int = 20, warmup: int = 5,
+          device: str = "auto", compile: bool = False, peak: float | None = None) -> dict:
+    """Training throughput (forward, backward, AdamW step: `minixl.training.train_step`, with
+    the optimiser `minixl train` makes) in tokens/s, and MFU on CUDA, of a model kind at a
+    preset (config fields overridden by model_settings; batch_size None: the preset's);
+    warmup_s is the untimed steps' time, a compiled model's compiling included."""
+    if (batch_size is not None and batch_size < 1) or steps < 1 or warmup < 0:
+        raise ValueError(f"need batch_size >= 1, steps >= 1 and warmup >= 0, got {batch_size}, "
+                         f"{steps} and {warmup}")
+    built, dev, step = _training_step(model, preset, model_settings=model_settings,
+                                      objective_options=objective_options,
+                                      batch_size=batch_size, device=device, compile=compile)
+    kind, T, B = built.kind, built.length, built.config.batch_size
+    t0 = time.perf_counter()
     for _ in range(warmup):
         step()
     _sync(dev)
+    warmup_s = time.perf_counter() - t0  # compiling, with --compile
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
@@ -76,8 +94,56 @@ def bench(model: str | None = None, preset: str | None = None, *,
             "params": sum(p.numel() for p in built.model.parameters()),
             "tokens_per_s": tokens_per_s, "tflops": achieved, "peak_tflops": peak,
             "mfu": achieved / peak if peak else None, "batch_size": B, "seq_len": T,
-            "steps": steps, "compile": compile,
+            "steps": steps, "compile": compile, "warmup_s": warmup_s,
             "dtype": "bf16 autocast" if dev.type == "cuda" else "fp32"}
+
+
+def profile(presets: str = "t12,xl-base,segtree-base", *, batch_size: int | None = None,
+            warmup: int = 3, steps: int = 2, top: int = 15, device: str = "auto",
+            compile: bool = False) -> list[dict]:
+    """Where a training step's time goes: `steps` steps (after `warmup`, where a compiled
+    model compiles) of each preset (a paper-scale preset, or MODEL/PRESET) under
+    torch.profiler, and its `top` operators by self time: on CUDA the kernels' time on the
+    GPU, on a CPU the operators' time on it; each with its share of all of them (whose sum
+    per step is all_ms_per_step) and its calls per step. Every preset in this process, one
+    after the other."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    if steps < 1 or warmup < 0 or top < 1:
+        raise ValueError(f"need steps >= 1, warmup >= 0 and top >= 1, got {steps}, {warmup} "
+                         f"and {top}")
+    rows = []
+    for item in (p.strip() for p in presets.split(",") if p.strip()):
+        model, _, preset = item.rpartition("/")
+        built, dev, step = _training_step(model or None, preset, model_settings=None,
+                                          objective_options=None, batch_size=batch_size,
+                                          device=device, compile=compile)
+        for _ in range(warmup):
+            step()
+        _sync(dev)
+        cuda = dev.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with torch_profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            _sync(dev)
+        attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+        events = sorted((e for e in prof.key_averages() if getattr(e, attr) > 0),
+                        key=lambda e: -getattr(e, attr))
+        total = sum(getattr(e, attr) for e in events)
+        where = torch.cuda.get_device_name(dev) if cuda else "cpu"
+        for rank, e in enumerate(events[:top], start=1):
+            rows.append({"preset": item, "model": built.kind.name, "device": where,
+                         "compile": compile, "batch_size": built.config.batch_size,
+                         "seq_len": built.length, "rank": rank, "name": e.key,
+                         "ms_per_step": getattr(e, attr) / 1e3 / steps,
+                         "share": getattr(e, attr) / total, "calls_per_step": e.count / steps,
+                         "all_ms_per_step": total / 1e3 / steps})
+        del built, step
+        if cuda:
+            torch.cuda.empty_cache()
+    return rows
 
 
 def model_point(model: str, preset: str, *, batch_size: int | None = None, steps: int = 10,
@@ -100,7 +166,7 @@ def model_point(model: str, preset: str, *, batch_size: int | None = None, steps
             "params": r["params"], "batch_size": r["batch_size"], "seq_len": r["seq_len"],
             "tokens_per_s": r["tokens_per_s"], "tflops": r["tflops"],
             "peak_tflops": r["peak_tflops"], "mfu": r["mfu"], "peak_mb": memory,
-            "memory": how}
+            "memory": how, "warmup_s": r["warmup_s"]}
 
 
 def _in_fresh_process(call: str, imports: str = "") -> dict:

@@ -280,10 +280,13 @@ def cmd_bench(args) -> int:
     from .bench import bench  # the trainer: see cmd_train
 
     r = bench(args.model, args.preset, model_settings=_given(args, model_fields()),
+              objective_options=_given(args, [o.name for o in _objective_options()]),
               batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
               device=args.device, compile=args.compile, peak=args.peak_tflops)
     print(f"device: {r['device']}  model: {r['model']}  params: {r['params']:,}  batch "
           f"{r['batch_size']} x {r['seq_len']}  compile: {r['compile']}")
+    print(f"warm-up: {args.warmup} steps in {r['warmup_s']:.1f} s"
+          + (" (compiling included)" if r["compile"] else ""))
     print(f"train tokens/s: {r['tokens_per_s']:,.0f}  achieved: {r['tflops']:.2f} TFLOP/s")
     if r["mfu"] is not None:
         print(f"MFU: {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} TFLOP/s (bf16 dense peak)")
@@ -374,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     b.add_argument("--peak-tflops", type=float, help="the device's peak, if minixl does not "
                    "know it")
+    add_options(b.add_argument_group("objective (the models named take it; default: the "
+                                     "preset's)"), _objective_options(), keep_defaults=False)
     b.add_argument("--suite", nargs=argparse.REMAINDER, metavar="NAME [OPTION ...]",
                    help="run an entry of the registry of runs instead, with its own options, "
                    "all that follows NAME (minixl bench --suite NAME --help): " + "; ".join(

@@ -21,6 +21,9 @@ TINY = {
     "models": (["--preset", "tiny", "--models", "char,xl", "--batch-size", "2", "--steps", "1",
                 "--warmup", "0", "--device", "cpu"],
                ["model", "preset", "device", "torch", "dtype", "compile", "params"]),
+    "profile": (["--presets", "char/tiny", "--batch-size", "1", "--steps", "1", "--warmup",
+                 "0", "--top", "3", "--device", "cpu"],
+                ["preset", "model", "device", "compile", "batch_size", "seq_len"]),
     "positions": (["--depths", "1", "--seeds", "0,1", "--steps", "2"],
                   ["n_layer", "seed", "pos", "steps", "valid_bpc", "seconds"]),
     "nanogpt_race": (["--nanogpt", "{stub}", "--text", "{text}", "--rounds", "2", "--steps",
@@ -587,3 +590,32 @@ def test_the_segtree_controls_change_one_thing_each():
     reach = 2 * (width - 1)  # two layers of a band of `width` keys
     assert moved[10:10 + reach + 1].all() and not moved[:10].any()
     assert not moved[10 + reach + 1:].any()
+
+
+@pytest.mark.parametrize("recipe", ["cpu", "shakespeare", "gpt2-small"])
+def test_the_race_gives_both_programs_one_recipe(recipe, tmp_path):
+    """nanoGPT's flags and minixl's name the same shape, dropout, learning rate and warm-up,
+    and the same device and compile setting; the CPU recipe is the one the stored race ran."""
+    from minixl.char_transformer.experiments import RACE_RECIPES, race_commands
+
+    commands = race_commands(tmp_path, tmp_path / "input.txt", str(tmp_path), steps=7,
+                             dtypes=["auto"], recipe=recipe, device="cuda", compile=True)
+    nano = dict(a[2:].split("=", 1) for a in commands["nanoGPT"][0][3:])
+    argv = commands["minixl"][0]
+    mine = {argv[i][2:]: argv[i + 1] for i in range(argv.index("train") + 1, len(argv) - 1)
+            if argv[i].startswith("--") and not argv[i + 1].startswith("--")}
+    pairs = {"n_layer": "n-layer", "n_head": "n-head", "n_embd": "d-model",
+             "block_size": "block-size", "batch_size": "batch-size", "max_iters": "steps",
+             "warmup_iters": "warmup"}
+    assert {k: int(nano[k]) for k in pairs} == {k: int(mine[m]) for k, m in pairs.items()}
+    assert float(nano["dropout"]) == float(mine["dropout"])
+    assert float(nano["learning_rate"]) == float(mine["lr"])
+    assert int(mine["d-inner"]) == 4 * int(nano["n_embd"])  # nanoGPT's MLP is 4 wide
+    assert nano["device"] == mine["device"] == "cuda"
+    assert nano["compile"] == "True" and "--compile" in argv
+    layers, heads, width, window, batch, dropout, lr = RACE_RECIPES[recipe]
+    assert (int(nano["n_layer"]), int(nano["n_embd"]), int(nano["block_size"])) == (
+        layers, width, window)
+    if recipe == "cpu":
+        assert (layers, heads, width, window, batch, dropout, lr) == (4, 4, 128, 64, 12, 0.0,
+                                                                      1e-3)

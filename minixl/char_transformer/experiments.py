@@ -8,6 +8,8 @@ module only when one of its entries runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..char_transformer import CharTransformer, CharTransformerConfig, evaluate_bpc
 from ..data import RandomWindows, load_corpus
 from ..experiments import int_list, keep_row, pick_arms, pins_threads, scale_embeddings
@@ -61,26 +63,64 @@ def positions(depths: str = "4,8", seeds: str = "0,1,2", steps: int = 200, threa
     return rows
 
 
+# The race's recipes: (layers, heads, width, window, batch, dropout, lr). "cpu" is nanoGPT's
+# CPU recipe for Tiny Shakespeare (its README); "shakespeare" its GPU recipe (the defaults of
+# config/train_shakespeare_char.py); "gpt2-small" GPT-2 small's shape on the same text, at
+# nanoGPT's GPT-2 learning rate. Every recipe warms up for 100 steps.
+RACE_RECIPES = {"cpu": (4, 4, 128, 64, 12, 0.0, 1e-3),
+                "shakespeare": (6, 6, 384, 256, 64, 0.2, 1e-3),
+                "gpt2-small": (12, 12, 768, 1024, 12, 0.0, 6e-4)}
+
+
+def race_commands(root: Path, source: Path, tmp: str, *, steps: int, dtypes: list[str],
+                  recipe: str, device: str, compile: bool) -> dict:
+    """The race's commands, {program: (argv, working folder)}: nanoGPT's train.py and
+    `minixl train` (once per --dtype in dtypes) at one of RACE_RECIPES, the same shape,
+    dropout, learning rate and warm-up in both."""
+    import sys
+
+    n_layer, n_head, width, window, batch, dropout, lr = RACE_RECIPES[recipe]
+    return {
+        "nanoGPT": ([sys.executable, "train.py", "config/train_shakespeare_char.py",
+                     f"--device={device}", f"--compile={compile}", "--eval_iters=20",
+                     # a log line waits for the GPU: there, nanoGPT's own interval
+                     f"--log_interval={1 if device == 'cpu' else 10}",
+                     f"--block_size={window}", f"--batch_size={batch}",
+                     f"--n_layer={n_layer}", f"--n_head={n_head}", f"--n_embd={width}",
+                     f"--max_iters={steps}", f"--lr_decay_iters={steps}",
+                     f"--learning_rate={lr}", f"--min_lr={lr / 10}", "--warmup_iters=100",
+                     f"--dropout={dropout}", f"--out_dir={tmp}/nanogpt"], root),
+        **{("minixl" if d == "auto" else f"minixl --dtype {d}"): (
+            [sys.executable, "-m", "minixl", "train", "--model", "char", "--n-layer",
+             str(n_layer), "--d-model", str(width), "--n-head", str(n_head), "--d-inner",
+             str(4 * width), "--block-size", str(window), "--batch-size", str(batch),
+             "--steps", str(steps), "--lr", str(lr), "--warmup", "100", "--dropout",
+             str(dropout), "--corpus", str(source.resolve()), "--eval-every", "250",
+             "--out", f"{tmp}/minixl", "--overwrite", "--device", device, "--no-progress",
+             *(["--compile"] if compile else []),
+             *([] if d == "auto" else ["--dtype", d])], None) for d in dtypes},
+    }
+
+
 def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000,
-                 dtypes: str = "auto") -> list[dict]:
+                 dtypes: str = "auto", recipe: str = "cpu", device: str = "cpu",
+                 compile: bool = False) -> list[dict]:
     """Chapter 1's loop at a known recipe: `minixl train` against nanoGPT's train.py (a
-    checkout of github.com/karpathy/nanoGPT at `nanogpt`), both on nanoGPT's CPU recipe for
-    Tiny Shakespeare (`text`, its input.txt): 4 layers of width 128, 4 heads, windows of 64,
-    batches of 12, lr 1e-3 after 100 warm-up steps, no dropout, `steps` steps, each with its
-    own evaluation, checkpoints and (minixl) final sample. The whole commands run in turn,
-    `rounds` times each, on the CPU: nanoGPT's, then `minixl train` once for each of `dtypes`
-    (comma-separated --dtype values; 'auto', minixl's default, is the program called minixl,
-    another is called 'minixl --dtype D'); one row per run: its seconds and its held-out bits
-    per character (nanoGPT's on the last 10% of the text, minixl's on the 5% before the
-    last 5%)."""
+    checkout of github.com/karpathy/nanoGPT at `nanogpt`), both on Tiny Shakespeare (`text`,
+    its input.txt) at one of RACE_RECIPES (default: nanoGPT's CPU recipe, 4 layers of width
+    128, 4 heads, windows of 64, batches of 12, lr 1e-3 after 100 warm-up steps, no dropout),
+    `steps` steps, each with its own evaluation, checkpoints and (minixl) final sample, on
+    `device`, both compiled or neither. The whole commands run in turn, `rounds` times each:
+    nanoGPT's, then `minixl train` once for each of `dtypes` (comma-separated --dtype values;
+    'auto', minixl's default, is the program called minixl, another is called 'minixl
+    --dtype D'); one row per run: its seconds and its held-out bits per character (nanoGPT's
+    on the last 10% of the text, minixl's on the 5% before the last 5%)."""
     import math
     import pickle
     import re
     import subprocess
-    import sys
     import tempfile
     import time
-    from pathlib import Path
 
     import numpy as np
 
@@ -93,6 +133,10 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000,
         raise ValueError(f"--text {text}: no such file (Tiny Shakespeare's input.txt)")
     if rounds < 1 or steps < 1:
         raise ValueError(f"need rounds >= 1 and steps >= 1, got {rounds} and {steps}")
+    if recipe not in RACE_RECIPES:
+        raise ValueError(f"--recipe {recipe!r}: expected one of {', '.join(RACE_RECIPES)}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: the race runs on cpu or cuda")
     dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
     if not dtype_list or any(d not in ("auto", "fp32", "bf16") for d in dtype_list):
         raise ValueError(f"--dtypes takes comma-separated values among auto, fp32 and bf16; "
@@ -113,21 +157,8 @@ def nanogpt_race(nanogpt: str, text: str, rounds: int = 3, steps: int = 2000,
                      "stoi": stoi}, f)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        commands = {
-            "nanoGPT": ([sys.executable, "train.py", "config/train_shakespeare_char.py",
-                         "--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1",
-                         "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4",
-                         "--n_embd=128", f"--max_iters={steps}", f"--lr_decay_iters={steps}",
-                         "--dropout=0.0", f"--out_dir={tmp}/nanogpt"], root),
-            **{("minixl" if d == "auto" else f"minixl --dtype {d}"): (
-                [sys.executable, "-m", "minixl", "train", "--model", "char", "--n-layer",
-                 "4", "--d-model", "128", "--n-head", "4", "--d-inner", "512",
-                 "--block-size", "64", "--batch-size", "12", "--steps", str(steps),
-                 "--lr", "1e-3", "--warmup", "100", "--dropout", "0", "--corpus",
-                 str(source.resolve()), "--eval-every", "250", "--out",
-                 f"{tmp}/minixl", "--overwrite", "--device", "cpu", "--no-progress",
-                 *([] if d == "auto" else ["--dtype", d])], None) for d in dtype_list},
-        }
+        commands = race_commands(root, source, tmp, steps=steps, dtypes=dtype_list,
+                                 recipe=recipe, device=device, compile=compile)
 
         def score(program: str, out: str) -> float:
             if program == "nanoGPT":

@@ -269,7 +269,22 @@ register(Experiment(
      Option("peak_tflops", float, None, "the device's bf16 peak, if minixl does not know it")),
     ("model", "preset", "device", "batch_size", "seq_len", "params", "tokens_per_s", "tflops",
      "mfu", "peak_mb"),
-    measured=("tokens_per_s", "tflops", "mfu", "peak_mb")))
+    measured=("tokens_per_s", "tflops", "mfu", "peak_mb", "warmup_s")))
+
+register(Experiment(
+    "profile", "minixl.bench:profile", "book/gpu/profile/profile.csv",
+    "where a training step's time goes: the top operators (on CUDA, GPU kernels) by self "
+    "time of a step of each preset, under torch.profiler",
+    (Option("presets", str, "t12,xl-base,segtree-base", "comma-separated paper-scale presets "
+            "or MODEL/PRESET (xl/tiny)"),
+     Option("batch_size", int, None, "sequences per step (default: the preset's training "
+            "batch)"),
+     Option("steps", int, 2, "profiled steps"),
+     Option("warmup", int, 3, "unprofiled steps first (where a compiled model compiles)"),
+     Option("top", int, 15, "operators kept per preset"),
+     DEVICE, Option("compile", bool, False, "torch.compile each model, as --compile does")),
+    ("preset", "device", "compile", "rank", "name", "ms_per_step", "share", "calls_per_step"),
+    measured=("ms_per_step", "share", "calls_per_step", "all_ms_per_step", "rank", "name")))
 
 register(Experiment(
     "positions", "minixl.char_transformer.experiments:positions", "book/positions.csv",
@@ -286,14 +301,21 @@ register(Experiment(
     "nanogpt_race", "minixl.char_transformer.experiments:nanogpt_race",
     "book/nanogpt_race.csv",
     "Chapter 1's loop: `minixl train` against nanoGPT's train.py, whole commands in turn, "
-    "on nanoGPT's CPU recipe for Tiny Shakespeare",
+    "on Tiny Shakespeare at nanoGPT's CPU recipe (or its GPU recipe, or GPT-2 small's shape)",
     (Option("nanogpt", str, None, "a checkout of github.com/karpathy/nanoGPT", required=True),
      Option("text", str, None, "Tiny Shakespeare (nanoGPT's data/shakespeare_char/input.txt)",
             required=True),
      Option("rounds", int, 3, "runs of each, in turn"),
      Option("steps", int, 2000, "optimiser steps of each run (the recipe's: 2000)"),
      Option("dtypes", str, "auto", "minixl's --dtype in each round, comma-separated (auto, "
-            "its default, is the program called minixl; fp32,auto adds an fp32 run)")),
+            "its default, is the program called minixl; fp32,auto adds an fp32 run)"),
+     Option("recipe", str, "cpu", "cpu: nanoGPT's CPU recipe (4 x 128, window 64, batch 12); "
+            "shakespeare: its GPU recipe (6 x 384, window 256, batch 64, dropout 0.2); "
+            "gpt2-small: GPT-2 small's shape (12 x 768, window 1024, batch 12, lr 6e-4)",
+            choices=("cpu", "shakespeare", "gpt2-small")),
+     Option("device", str, "cpu", "where both programs train", choices=("cpu", "cuda")),
+     Option("compile", bool, False, "both programs compile their model (nanoGPT's "
+            "--compile=True, minixl's --compile)")),
     report="minixl.char_transformer.experiments:race_ratio",
     measured=("seconds",)))
 
