@@ -24,7 +24,8 @@ from .launch import build_model
 from .plugins import kind_named
 from .training import ModelWithLoss, compile_run, make_optimizer, train_step
 
-__all__ = ["PEAKS", "peak_tflops", "bench", "profile", "model_point", "models_suite"]
+__all__ = ["PEAKS", "peak_tflops", "bench", "profile", "step_events", "model_point",
+           "models_suite"]
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -98,6 +99,25 @@ def bench(model: str | None = None, preset: str | None = None, *,
             "dtype": "bf16 autocast" if dev.type == "cuda" else "fp32"}
 
 
+def step_events(events, *, cuda: bool) -> list[tuple[str, float, int]]:
+    """(name, self time in microseconds, calls) of the profiler's averaged events that add up
+    to the steps' time, longest first: on CUDA the GPU's own events (kernels, copies), whose
+    time is not also counted in the operators that launched them; on a CPU the operators, by
+    their CPU self time. Ranges a program annotates (the optimiser's step, a compiled graph's
+    call) hold other events' time and are left out."""
+    from torch.autograd import DeviceType
+
+    picked = []
+    for e in events:
+        if getattr(e, "is_user_annotation", False):
+            continue
+        if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU):
+            us = e.self_device_time_total if cuda else e.self_cpu_time_total
+            if us > 0:
+                picked.append((e.key, us, e.count))
+    return sorted(picked, key=lambda p: -p[1])
+
+
 def profile(presets: str = "t12,xl-base,segtree-base", *, batch_size: int | None = None,
             warmup: int = 3, steps: int = 2, top: int = 15, device: str = "auto",
             compile: bool = False) -> list[dict]:
@@ -128,18 +148,15 @@ def profile(presets: str = "t12,xl-base,segtree-base", *, batch_size: int | None
             for _ in range(steps):
                 step()
             _sync(dev)
-        attr = "self_device_time_total" if cuda else "self_cpu_time_total"
-        events = sorted((e for e in prof.key_averages() if getattr(e, attr) > 0),
-                        key=lambda e: -getattr(e, attr))
-        total = sum(getattr(e, attr) for e in events)
+        events = step_events(prof.key_averages(), cuda=cuda)
+        total = sum(us for _, us, _ in events)
         where = torch.cuda.get_device_name(dev) if cuda else "cpu"
-        for rank, e in enumerate(events[:top], start=1):
+        for rank, (name, us, calls) in enumerate(events[:top], start=1):
             rows.append({"preset": item, "model": built.kind.name, "device": where,
                          "compile": compile, "batch_size": built.config.batch_size,
-                         "seq_len": built.length, "rank": rank, "name": e.key,
-                         "ms_per_step": getattr(e, attr) / 1e3 / steps,
-                         "share": getattr(e, attr) / total, "calls_per_step": e.count / steps,
-                         "all_ms_per_step": total / 1e3 / steps})
+                         "seq_len": built.length, "rank": rank, "name": name,
+                         "ms_per_step": us / 1e3 / steps, "share": us / total,
+                         "calls_per_step": calls / steps, "all_ms_per_step": total / 1e3 / steps})
         del built, step
         if cuda:
             torch.cuda.empty_cache()

@@ -190,6 +190,9 @@ def _train(args, ranks) -> int:
     say = print if ranks.rank == 0 else (lambda *a, **k: None)
     if args.sample_len < 0 or (args.sample_len and not args.prompt):
         raise ValueError("--sample-len must be >= 0, and --prompt not empty when it is > 0")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops must be a positive number of TFLOP/s, got "
+                         f"{args.peak_tflops}")
     kind, preset = resolve_preset(None if args.model is None else kind_named(args.model),
                                   args.preset)
     out = args.out or _default_out(kind, preset)
@@ -209,9 +212,6 @@ def _train(args, ranks) -> int:
         f" (torchrun: {ranks.world} processes, each {cfg.batch_size // ranks.world} of the "
         f"{cfg.batch_size} sequences of a step)" if ranks.world > 1 else " (one process)") + (
         f", {cfg.grad_accum} micro-batches per step" if cfg.grad_accum > 1 else ""), flush=True)
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
-        raise ValueError(f"--peak-tflops must be a positive number of TFLOP/s, got "
-                         f"{args.peak_tflops}")
     result = run.train(progress=not args.no_progress, ranks=ranks, peak_tflops=args.peak_tflops)
     if ranks.rank:
         return 0

@@ -174,12 +174,18 @@ class PreparedRun:
         the trainer opens one for the run. metrics.csv's mfu uses `minixl bench`'s FLOP
         count and peak_tflops (default: a GPU's known bf16 peak)."""
         b = self.built
+        flops = None  # MFU's numerator, where there is a peak to divide by
+        if peak_tflops is not None or self.device.type == "cuda":
+            try:
+                flops = b.kind.training_flops_per_token(b.model, b.objective)
+            except Exception as err:  # a kind of one's own whose count fails: train anyway
+                print(f"minixl train: warning: metrics.csv's mfu is left empty: counting the "
+                      f"{b.kind.name} model's FLOPs failed ({type(err).__name__}: {err})")
         return train(b.model, b.config, batches=self.batches, objective=b.objective,
                      held_out=self.held_out, out=self.out, resume=self.resume,
                      overwrite=self.overwrite, allow_change=self.allow_change, meta=self.meta,
                      progress=progress, no_decay=b.kind.no_decay, ranks=ranks,
-                     flops_per_token=b.kind.training_flops_per_token(b.model, b.objective),
-                     peak_tflops=peak_tflops)
+                     flops_per_token=flops, peak_tflops=peak_tflops)
 
 
 def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *,

@@ -289,7 +289,7 @@ def test_cli_eval_flag_errors(char_run, capsys):
     assert "unknown auxiliary loss 'layer'" in capsys.readouterr().err
 
 
-def _losses_and_grads(aux_cls, aux_cfg, progress, n_layer=4, compile_with=None):
+def _losses_and_grads(aux_cls, aux_cfg, progress, n_layer=4, compile_with=None, bf16=False):
     """The losses of aux_cls on a fixed model and batch, and the gradients of every weight
     (model and extra classifiers; None where none flows)."""
     torch.manual_seed(0)
@@ -301,18 +301,19 @@ def _losses_and_grads(aux_cls, aux_cfg, progress, n_layer=4, compile_with=None):
         aux.compile_losses(backend=compile_with)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 256, (3, 16), generator=g), torch.randint(0, 256, (3, 16), generator=g)
-    logits, hidden = model(x, return_hidden=True)
-    parts = aux(logits, hidden, y, progress=progress, readout=model.readout)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):  # as on a GPU
+        logits, hidden = model(x, return_hidden=True)
+        parts = aux(logits, hidden, y, progress=progress, readout=model.readout)
     parts["loss"].backward()
     return parts, [p.grad for p in [*model.parameters(), *aux.parameters()]]
 
 
-def _same_grads(got, want):
+def _same_grads(got, want, **tolerance):
     for a, b in zip(got, want, strict=True):
         if a is None or b is None:  # a weight only one of them reached must get nothing
             assert (b if a is None else a).abs().max() == 0
         else:
-            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, b, **tolerance)
 
 
 @pytest.mark.parametrize("positions", [True, False])
@@ -354,3 +355,19 @@ def test_stacked_losses_compile_to_two_graphs_a_run_without_breaks():
         assert not counters["graph_break"], dict(counters["graph_break"])
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("n_layer,bf16", [(1, False), (3, True)])
+def test_stacked_losses_equal_the_loop_with_one_layer_and_under_bf16(n_layer, bf16):
+    """One layer (no intermediate loss: only the top layer's classifier), and under bf16
+    autocast as a GPU trains (bf16 readouts, float32 losses; bf16's tolerance)."""
+    from minixl.aux_losses import StackedAuxLosses
+    aux_cfg = AuxLossConfig(layers=1.0, targets=1)
+    tolerance = dict(rtol=2e-2, atol=2e-3) if bf16 else {}
+    for progress in (0.0, 0.2, 0.9):
+        want, want_grads = _losses_and_grads(AuxLosses, aux_cfg, progress, n_layer, bf16=bf16)
+        got, got_grads = _losses_and_grads(StackedAuxLosses, aux_cfg, progress, n_layer,
+                                           bf16=bf16)
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], **tolerance)
+        _same_grads(got_grads, want_grads, **tolerance)

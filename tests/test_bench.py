@@ -277,3 +277,26 @@ def test_the_commands_owed_on_a_gpu_parse():
         parser.parse_args([w.replace("$", "") for w in argv[2:]])  # exits on a bad flag
         parsed += 1
     assert parsed == 8
+
+
+def test_a_profiles_events_count_each_microsecond_once():
+    """On CUDA an operator's self device time is the time of the kernels it launched, which
+    are events of their own, and an annotated range (a compiled graph's call) spans others: a
+    step's time is its GPU events', annotations left out. On a CPU, the operators'."""
+    from types import SimpleNamespace as Event
+
+    from torch.autograd import DeviceType
+
+    from minixl.bench import step_events
+
+    def event(key, device, cpu_us, gpu_us, annotation=False, count=1):
+        return Event(key=key, device_type=device, self_cpu_time_total=cpu_us,
+                     self_device_time_total=gpu_us, is_user_annotation=annotation, count=count)
+
+    events = [event("aten::mm", DeviceType.CPU, 30, 500, count=2),  # launched the gemm
+              event("sm90_gemm", DeviceType.CUDA, 0, 500, count=2),
+              event("## Call CompiledFxGraph ##", DeviceType.CUDA, 0, 900, annotation=True),
+              event("triton_fused_add", DeviceType.CUDA, 0, 200),
+              event("aten::add", DeviceType.CPU, 10, 0)]
+    assert step_events(events, cuda=True) == [("sm90_gemm", 500, 2), ("triton_fused_add", 200, 1)]
+    assert step_events(events, cuda=False) == [("aten::mm", 30, 2), ("aten::add", 10, 1)]

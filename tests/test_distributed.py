@@ -91,8 +91,9 @@ def test_two_processes_train_as_one_on_the_same_global_batch(kind, tmp_path, sma
     steps on all 4, up to the order of float additions. Rank 0 alone writes and prints."""
     steps = 6
     two, one = tmp_path / "two", tmp_path / "one"
-    single = _start(_args(kind, one, small_corpus, steps))  # meanwhile
-    r = _run(_args(kind, two, small_corpus, steps), processes=2)
+    peak = ("--peak-tflops", "0.001")  # 1e9 FLOP/s a device: every row gets its MFU
+    single = _start(_args(kind, one, small_corpus, steps, *peak))  # meanwhile
+    r = _run(_args(kind, two, small_corpus, steps, *peak), processes=2)
     _finish(single)
     a, b = _losses(two), _losses(one)
     assert list(a) == list(b) == list(range(1, steps + 1))  # each row once: one writer
@@ -105,6 +106,17 @@ def test_two_processes_train_as_one_on_the_same_global_batch(kind, tmp_path, sma
                           "sequences of a step)") == 1, r.stdout
     assert r.stdout.count("run folder: ") == 1 and r.stdout.count("held-out bpc") == 1
     assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr
+    # a row's tokens/s is the whole batch's; its MFU is per device, over 2 devices' peak
+    from minixl.kinds import KINDS, model_from_checkpoint
+    model = model_from_checkpoint(load_checkpoint(one / "checkpoint.pt"))
+    k = KINDS[kind]
+    flops = k.training_flops_per_token(model, k.build_objective(model.config,
+                                                                k.objective_options("tiny")))
+    for run, devices in ((one, 1), (two, 2)):
+        lines = (run / "metrics.csv").read_text().splitlines()
+        for row in (dict(zip(lines[0].split(","), line.split(","))) for line in lines[1:]):
+            assert float(row["mfu"]) == pytest.approx(
+                float(row["tokens_per_s"]) * flops / (1e9 * devices), rel=2e-3)
 
 
 def test_two_processes_with_gradient_accumulation(tmp_path, small_corpus):

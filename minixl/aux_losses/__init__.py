@@ -195,21 +195,26 @@ class StackedAuxLosses(AuxLosses):
                              f"{c.targets}; these have {targets.size(1)} positions")
         inner = [c.layers * w for w in layer_weights(self.n_layer, progress)[:-1]]
         read = inner + [1.0] if any(inner) else [1.0]  # while any is on, all are read
-        weights = torch.tensor(read, device=logits.device)  # (K,), a tensor: no new graph
-        return self.stacked(logits, hidden[-len(read):], targets, weights, readout)
+        weights = torch.tensor(read)  # (K,), a tensor: no new graph
+        if logits.device.type == "cuda":  # from pinned memory: the copy waits for nothing
+            weights = weights.pin_memory().to(logits.device, non_blocking=True)
+        return self.stacked(logits, hidden[-len(read):], targets, weights.to(logits.device),
+                            readout)
 
     def stacked(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor,
                 weights: torch.Tensor, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
         """The losses of the K layers in hidden (the last is the top one, whose logits are
         given), layer k weighted weights[k]; the part that compile_losses compiles."""
-        c, T = self.config, targets.size(1)
+        c, (B, T) = self.config, targets.shape
         pick = slice(-1, None) if not c.positions else slice(None)  # positions scored
         final = next_byte_loss(logits, targets, last_only=not c.positions)
-        h = torch.stack(hidden)  # (K, B, T, C)
         layers = extra = final.new_zeros(())
-        if len(hidden) > 1:  # the intermediate layers read through the model's head
-            below = per_layer_loss(readout(h[:-1, :, pick]), targets[:, pick])  # (K - 1,)
-            layers = (weights[:-1] * below).sum()
+        if len(hidden) == 1 and not self.target_heads:
+            return {"loss": final, "final": final, "layers": layers, "targets": extra}
+        h = torch.stack(hidden)  # (K, B, T, C)
+        if len(hidden) > 1:  # the intermediate layers, read as one batch through the head
+            z = readout(h[:-1, :, pick].flatten(0, 1)).unflatten(0, (-1, B))  # (K-1, B, t, V)
+            layers = (weights[:-1] * per_layer_loss(z, targets[:, pick])).sum()
         for j, head in enumerate(self.target_heads, start=1):  # predicts byte t + 1 + j
             ahead = per_layer_loss(head(h[:, :, :T - j][:, :, pick]), targets[:, j:][:, pick])
             extra = extra + c.target_weight * (weights * ahead).sum()

@@ -270,7 +270,8 @@ def _train(ranks, model, cfg, *, batches, objective, held_out, out, resume, over
     params = [p for p in net.parameters() if p.requires_grad]
     if peak is None and device.type == "cuda":
         peak = peak_tflops(torch.cuda.get_device_name(device))
-    log, bar = rec.begin(progress, flops, peak)  # the clock starts here
+    # the rows' tokens/s is the whole batch's, over every process: MFU is per device
+    log, bar = rec.begin(progress, flops, peak * ranks.world if peak else None)
 
     done, valid = start, None
     with Stopper(enabled=out is not None, distributed=ranks.on, quiet=ranks.rank != 0) as stopper:

@@ -372,12 +372,13 @@ class TransformerXL(nn.Module):
     def update_mems(self, inputs: list[torch.Tensor], mems: list[torch.Tensor],
                     mem_len: int) -> list[torch.Tensor]:
         """Per layer, the last mem_len rows of [mem; input], detached: [B, <= mem_len, C].
-        Contiguous, so that every full memory has the same strides: a compiled forward that
+        A new tensor, so that every full memory has the same strides: a compiled forward that
         read one reads the next without compiling again."""
         out = []
         for h, m in zip(inputs, mems):
-            cat = torch.cat([m, h.to(m.dtype)], dim=1) if m.size(1) else h
-            out.append(cat[:, max(0, cat.size(1) - mem_len):].detach().contiguous())
+            drop = max(0, m.size(1) + h.size(1) - mem_len)  # the oldest rows fall out
+            keep_h = h[:, max(0, drop - m.size(1)):].to(m.dtype)
+            out.append(torch.cat([m[:, drop:], keep_h], dim=1))  # one copy, contiguous
         return out
 
 
