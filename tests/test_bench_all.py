@@ -746,3 +746,31 @@ def test_merging_refuses_an_arm_tuned_in_two_folders(tmp_path):
     with pytest.raises(ValueError, match="char was tuned at lr 0.01 in two folders"):
         merge_runs([tmp_path / "seed0", tmp_path / "seed1"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_drawing_the_benchs_figures_leaves_a_notebooks_backend_alone(tmp_path):
+    """Chapter 7 runs the bench inside a notebook. The figures the bench writes must not switch
+    the notebook's matplotlib backend (matplotlib.use("Agg") did, and every figure of the
+    chapter after the live bench was silently never shown), nor leave pyplot figures open."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from minixl.one_bench.bench_all import plot_bench, read_rows
+    from minixl.one_bench.bench_cost import plot_cost
+    from minixl.one_bench.context import plot_context
+    from minixl.one_bench.recall import plot_recall
+
+    book = ROOT / "book" / "bench"
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")  # a backend the bench would not pick
+    try:
+        plot_bench(tmp_path, read_rows(book / "quality.csv"), read_rows(book / "reach.csv"))
+        plot_cost(read_rows(book / "cost.csv"), tmp_path / "cost.png")
+        plot_recall(read_rows(book / "recall" / "recall.csv"), tmp_path / "recall.png")
+        plot_context(read_rows(book / "context" / "context.csv"), tmp_path / "context.png")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == []
+    finally:
+        plt.switch_backend(before)
+    for name in ("bench.png", "cost.png", "recall.png", "context.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

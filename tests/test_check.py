@@ -52,7 +52,7 @@ def test_every_checker_is_tested():
                                   "memory_update", "stream_batches", "xl_two_segments",
                                   "span_targets", "sibling_scores", "matched_compute",
                                   "reach", "contestant", "step_weight", "same_length_mask",
-                                  "per_head_shaw", "every_start_table"}
+                                  "per_head_shaw", "every_start_table", "winner"}
 
 
 def test_each_checker_lives_in_the_module_of_the_chapter_that_calls_it():
@@ -1118,3 +1118,31 @@ def test_contestant_checker_passes_a_new_arm_and_names_each_slip(capsys):
     assert "FAIL xl-nomem-test, plan: not matched" in capsys.readouterr().out
     assert check.contestant("xl") is False
     assert "expected a minixl.model_kind.ModelKind" in capsys.readouterr().out
+
+
+def _winner(values, slip=None):
+    """Chapter 7's exercise 4: the arm that wins on bits per byte by seed, or None."""
+    means = {a: sum(v) / len(v) for a, v in values.items()}
+    order = sorted(means, key=means.get, reverse=slip == "higher")
+    if slip == "means":
+        return order[0]
+    if len(values) < 2 or min(len(v) for v in values.values()) < 2:
+        return None
+    if slip == "best seed":
+        return min(values, key=lambda a: min(values[a]))
+    best, second = order[:2]
+    if slip == "higher":
+        return best if min(values[best]) > max(values[second]) else None
+    if slip == "worst":
+        return best if max(values[best]) < max(values[second]) else None
+    return best if max(values[best]) < min(values[second]) else None
+
+
+def test_winner_checker_passes_the_tables_rule_and_names_each_slip(capsys):
+    assert check.winner(_winner) is True
+    assert capsys.readouterr().out.startswith("PASS winner: all ")
+    for slip, hint in (("means", "names the best mean whatever its seeds"),
+                       ("best seed", "best single seed"), ("higher", "fewer bits per byte"),
+                       ("worst", "with the runner-up's worst")):
+        fails_with(capsys, check.winner, lambda v, slip=slip: _winner(v, slip), hint)
+    fails_with(capsys, check.winner, lambda v: None, "names no winner where tree's worst seed")

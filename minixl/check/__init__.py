@@ -34,7 +34,7 @@ _MODULES = {
                            "rel_shift_bi", "span_targets", "targets_for_k"),
     "minixl.segtree.check": ("leaf_context", "bpt_context", "causal_tree_graph",
                              "gathered_attention", "sibling_scores"),
-    "minixl.one_bench.check": ("matched_compute", "reach", "contestant"),
+    "minixl.one_bench.check": ("matched_compute", "reach", "contestant", "winner"),
     "minixl.check.kinds": ("kind",),
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}

@@ -1336,15 +1336,13 @@ def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     """bench.png in `folder`: held-out bpc read left to right against training FLOPs, a line
     per contestant (mean of its seeds, bars: half their range), and the reach task's
     accuracy by distance at the largest budget, out-of-reach bands left out."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook's backend is left alone
 
     arms = list(dict.fromkeys(r["arm"] for r in [*quality, *reach]))
     length = max((int(r["length"]) for r in quality), default=None)
     reach = _top_reach(reach)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=72)
+    fig = Figure(figsize=(10, 3.6), dpi=72)
+    left, right = fig.subplots(1, 2)
     for arm in arms:
         by_budget: dict[float, list[float]] = {}
         for r in quality:
@@ -1380,5 +1378,4 @@ def plot_bench(folder: Path, quality: list[dict], reach: list[dict]) -> Path:
     fig.tight_layout()
     path = folder / "bench.png"
     fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
     return path

@@ -320,15 +320,13 @@ def report(rows: list[dict]) -> str:
 def plot_cost(rows: list[dict], path) -> Path:
     """cost.png: training time and memory per byte, and generation time per byte, against
     the length, a line per arm (points that do not fit are left out)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: a notebook's backend is left alone
 
     panels = (("train_ms_per_byte", "training, ms per byte"),
               ("train_peak_mb", "training step's memory, MB"),
               ("generate_ms_per_byte", "generation, ms per byte"))
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4), dpi=72)
+    fig = Figure(figsize=(11, 3.4), dpi=72)
+    axes = fig.subplots(1, 3)
     for ax, (key, title) in zip(axes, panels):
         for arm in dict.fromkeys(r["arm"] for r in rows):
             pts = sorted((int(r["length"]), float(r[key])) for r in rows
@@ -344,7 +342,6 @@ def plot_cost(rows: list[dict], path) -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
     return path
 
 

@@ -1,6 +1,6 @@
-"""Checkers for Chapter 7's exercises (every mechanism on one bench): matched_compute, reach
-and contestant, compared with the kinds' own counts and the planner (minixl.planner).
-Hand-written (not generated).
+"""Checkers for Chapter 7's exercises (every mechanism on one bench): matched_compute, reach,
+contestant and winner, compared with the kinds' own counts, the planner (minixl.planner) and
+the decision table's rule (minixl.one_bench.bench_all). Hand-written (not generated).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..data import load_corpus
-from .bench_all import read_left_to_right, reading_segment, train_arm
+from .bench_all import _pick, read_left_to_right, reading_segment, train_arm
 from ..kinds import KINDS, kind_of
 from ..model_kind import ModelKind, check_flop_policy
 from ..planner import bench_arms, count_arm, matched_steps, plan_bench
@@ -227,3 +227,61 @@ def contestant(kind, *, budget: float = 1e10, params: int = 20_000, length: int 
         print(f"PASS {kind.name}, {name}" if problem is None
               else f"FAIL {kind.name}, {name}: {problem}")
     return all(problem is None for _, problem in problems)
+
+
+def _rule(values: dict[str, list[float]]) -> str | None:
+    """The decision table's verdict on bits per byte by seed (lower is better): the winning
+    arm, or None where it names none."""
+    row = _pick(values, lower=True, what="", unit="")
+    return row["choice"] if row["choice"] in values else None
+
+
+def _slips(values: dict[str, list[float]]) -> list[tuple[str | None, str]]:
+    """What the usual slips answer on values, each with what it gets wrong."""
+    means = {a: sum(v) / len(v) for a, v in values.items()}
+    several = len(values) > 1 and min(len(v) for v in values.values()) > 1
+    order = sorted(means, key=means.get)
+    best, second = (order + [None])[:2]
+    up = sorted(means, key=means.get, reverse=True)
+    return [
+        (best if several and max(values[best]) < max(values[second]) else None,
+         "compares the best's worst seed with the runner-up's worst: it must beat the "
+         "runner-up's best seed, or the two arms' seeds overlap"),
+        (min(values, key=lambda a: min(values[a])) if several else None,
+         "picks the arm with the best single seed: the bench ranks arms by their mean"),
+        (best, "names the best mean whatever its seeds: a winner's worst seed must beat the "
+               "runner-up's best one, and one seed (no spread) or one contestant names none"),
+        (up[0] if several and min(values[up[0]]) > max(values[up[1]]) else None,
+         "ranks the highest bits per byte first: fewer bits per byte is better"),
+    ]
+
+
+def winner(fn: Callable) -> bool:
+    """Check fn(values) -> the winning arm or None, where values is {arm: [bits per byte of
+    each seed]} (lower is better), against the decision table's rule: the arm with the best
+    mean wins only if its worst seed beats the runner-up's best seed, and with two seeds or
+    more; else None."""
+    cases = [
+        {"tree": [2.30, 2.32, 2.31], "shaw": [2.40, 2.41, 2.42], "char": [2.60, 2.61, 2.62]},
+        {"tree": [2.30, 2.31, 2.46], "shaw": [2.20, 2.44, 2.45]},  # best mean, seeds meet
+        {"tree": [2.20, 2.50, 2.51], "shaw": [2.36, 2.37, 2.38]},  # best seed, worse mean
+        {"tree": [2.30, 2.45, 2.32], "shaw": [2.40, 2.41, 2.42]},  # means apart, seeds meet
+        {"tree": [2.30, 2.36], "shaw": [2.33, 2.35]},  # worst seeds apart, ranges meet
+        {"tree": [2.30], "shaw": [2.50]},  # one seed: no spread, no winner
+        {"xl": [3.10, 3.12, 3.11], "xl-nomem": [3.20, 3.21, 3.22]},
+        {"a": [2.0, 2.1], "b": [2.1, 2.2]},  # the best's worst ties the runner-up's best
+        {"a": [1.90, 1.91, 1.92]},  # one contestant: nothing to beat
+    ]
+    for values in cases:
+        want = _rule(values)
+        got, err = call(fn, {a: list(v) for a, v in values.items()})
+        where = f"for {values}"
+        if err:
+            return verdict("winner", f"{where}: {err}", len(cases))
+        if got == want:
+            continue
+        hint = next((why for answer, why in _slips(values) if got == answer),
+                    f"names no winner where {want}'s worst seed beats every seed of the "
+                    "runner-up" if got is None else f"returned {got!r}, expected {want!r}")
+        return verdict("winner", f"{where}: {hint}", len(cases))
+    return verdict("winner", None, len(cases))

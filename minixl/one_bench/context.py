@@ -224,7 +224,7 @@ def plot_context(rows: list[dict], path) -> Path:
     (bytes, log scale), a line per contestant (mean of its seeds, bars: half their range), a
     panel per training length; a filled marker where the context is within the model's reach,
     a hollow one where it is partly or wholly out of it."""
-    plt, fig, axes, lengths, arms = length_panels(rows, "bench_context")
+    fig, axes, lengths, arms = length_panels(rows, "bench_context")
     for ax, length in zip(axes, lengths):
         for i, arm in enumerate(arms):
             by: dict[int, list[float]] = {}
@@ -239,4 +239,4 @@ def plot_context(rows: list[dict], path) -> Path:
         ax.set_title(f"trained at {length} bytes", fontsize=9)
     axes[0].set_ylabel("held-out bpc")
     axes[0].legend(fontsize=7, ncol=2)
-    return save_figure(plt, fig, path)
+    return save_figure(fig, path)

@@ -368,21 +368,19 @@ def band_reach(low: int, high: int, most: int | None, segment: int, far: dict) -
 
 
 def length_panels(rows: list[dict], what: str):
-    """(pyplot, figure, axes, lengths, arms): the figure a bench at length draws, a panel per
-    length of `rows` side by side (one y axis), the contestants in the order they ran;
-    refuses no rows, naming `what` should have written them."""
+    """(figure, axes, lengths, arms): the figure a bench at length draws, a panel per length
+    of `rows` side by side (one y axis), the contestants in the order they ran; refuses no
+    rows, naming `what` should have written them. A Figure of its own, not pyplot's: drawing
+    it leaves a notebook's backend, and its figures, alone."""
     if not rows:
         raise ValueError(f"no rows to draw: {what} wrote none")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     lengths = sorted({int(r["length"]) for r in rows})
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 3.6), dpi=72,
-                             sharey=True, squeeze=False)
-    return plt, fig, axes[0], lengths, arms
+    fig = Figure(figsize=(5 * len(lengths), 3.6), dpi=72)
+    axes = fig.subplots(1, len(lengths), sharey=True, squeeze=False)
+    return fig, axes[0], lengths, arms
 
 
 def arm_line(ax, xs: list, by: dict, mark: dict, colour: str, label: str) -> None:
@@ -397,13 +395,12 @@ def arm_line(ax, xs: list, by: dict, mark: dict, colour: str, label: str) -> Non
                 markerfacecolor=colour if mark[x] == "yes" else "white")
 
 
-def save_figure(plt, fig, path) -> Path:
+def save_figure(fig, path) -> Path:
     """`fig` laid out and written to `path` (no software stamp, so a rerun writes the same
-    bytes), then closed."""
+    bytes)."""
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
     return path
 
 
@@ -413,7 +410,7 @@ def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
     per contestant (mean of its seeds, bars: half their range), a panel per length; a filled
     marker where the band is in the model's reach (marked before training), a hollow one
     where it is partly or wholly out of it; chance (1 in 26) and the control's bar drawn."""
-    plt, fig, axes, lengths, arms = length_panels(rows, "bench_recall")
+    fig, axes, lengths, arms = length_panels(rows, "bench_recall")
     for ax, length in zip(axes, lengths):
         here = [r for r in rows if int(r["length"]) == length]
         middle = {r["band"]: (int(r["low"]) * int(r["high"])) ** 0.5 for r in here}
@@ -442,4 +439,4 @@ def plot_recall(rows: list[dict], path, control_accuracy: float = 0.95) -> Path:
     first.text(first.get_xlim()[0], control_accuracy - 0.07, " control's bar", fontsize=7,
                color="gray")
     first.legend(fontsize=7, ncol=2, loc="center right")
-    return save_figure(plt, fig, path)
+    return save_figure(fig, path)
