@@ -761,7 +761,7 @@ def test_drawing_the_benchs_figures_leaves_a_notebooks_backend_alone(tmp_path):
     from minixl.one_bench.recall import plot_recall
 
     book = ROOT / "book" / "bench"
-    before = matplotlib.get_backend()
+    before, figures = matplotlib.get_backend(), plt.get_fignums()
     plt.switch_backend("svg")  # a backend the bench would not pick
     try:
         plot_bench(tmp_path, read_rows(book / "quality.csv"), read_rows(book / "reach.csv"))
@@ -769,7 +769,7 @@ def test_drawing_the_benchs_figures_leaves_a_notebooks_backend_alone(tmp_path):
         plot_recall(read_rows(book / "recall" / "recall.csv"), tmp_path / "recall.png")
         plot_context(read_rows(book / "context" / "context.csv"), tmp_path / "context.png")
         assert matplotlib.get_backend() == "svg"
-        assert plt.get_fignums() == []
+        assert plt.get_fignums() == figures
     finally:
         plt.switch_backend(before)
     for name in ("bench.png", "cost.png", "recall.png", "context.png"):

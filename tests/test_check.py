@@ -1126,6 +1126,8 @@ def _winner(values, slip=None):
     order = sorted(means, key=means.get, reverse=slip == "higher")
     if slip == "means":
         return order[0]
+    if slip == "one seed" and len(values) > 1 and min(len(v) for v in values.values()) < 2:
+        return order[0]
     if len(values) < 2 or min(len(v) for v in values.values()) < 2:
         return None
     if slip == "best seed":
@@ -1135,6 +1137,8 @@ def _winner(values, slip=None):
         return best if min(values[best]) > max(values[second]) else None
     if slip == "worst":
         return best if max(values[best]) < max(values[second]) else None
+    if slip == "tie":
+        return best if max(values[best]) <= min(values[second]) else None
     return best if max(values[best]) < min(values[second]) else None
 
 
@@ -1146,3 +1150,5 @@ def test_winner_checker_passes_the_tables_rule_and_names_each_slip(capsys):
                        ("worst", "with the runner-up's worst")):
         fails_with(capsys, check.winner, lambda v, slip=slip: _winner(v, slip), hint)
     fails_with(capsys, check.winner, lambda v: None, "names no winner where tree's worst seed")
+    fails_with(capsys, check.winner, lambda v: _winner(v, "tie"), "counts a tie as a win")
+    fails_with(capsys, check.winner, lambda v: _winner(v, "one seed"), "from one seed")

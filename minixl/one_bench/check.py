@@ -244,13 +244,21 @@ def _slips(values: dict[str, list[float]]) -> list[tuple[str | None, str]]:
     best, second = (order + [None])[:2]
     up = sorted(means, key=means.get, reverse=True)
     return [
+        (best if several and max(values[best]) <= min(values[second]) else None,
+         "counts a tie as a win: the best's worst seed must be strictly better than the "
+         "runner-up's best"),
+        (best if len(values) > 1 and not several else None,
+         "names a winner from one seed: one seed has no spread, so nothing tells a lead "
+         "from noise"),
+        (best if len(values) == 1 else None, "names a winner with one contestant: there is "
+                                             "nothing to beat"),
         (best if several and max(values[best]) < max(values[second]) else None,
          "compares the best's worst seed with the runner-up's worst: it must beat the "
          "runner-up's best seed, or the two arms' seeds overlap"),
         (min(values, key=lambda a: min(values[a])) if several else None,
          "picks the arm with the best single seed: the bench ranks arms by their mean"),
         (best, "names the best mean whatever its seeds: a winner's worst seed must beat the "
-               "runner-up's best one, and one seed (no spread) or one contestant names none"),
+               "runner-up's best one"),
         (up[0] if several and min(values[up[0]]) > max(values[up[1]]) else None,
          "ranks the highest bits per byte first: fewer bits per byte is better"),
     ]
@@ -266,7 +274,7 @@ def winner(fn: Callable) -> bool:
         {"tree": [2.30, 2.31, 2.46], "shaw": [2.20, 2.44, 2.45]},  # best mean, seeds meet
         {"tree": [2.20, 2.50, 2.51], "shaw": [2.36, 2.37, 2.38]},  # best seed, worse mean
         {"tree": [2.30, 2.45, 2.32], "shaw": [2.40, 2.41, 2.42]},  # means apart, seeds meet
-        {"tree": [2.30, 2.36], "shaw": [2.33, 2.35]},  # worst seeds apart, ranges meet
+        {"tree": [2.30, 2.36], "shaw": [2.33, 2.35]},  # best mean, the worse worst seed
         {"tree": [2.30], "shaw": [2.50]},  # one seed: no spread, no winner
         {"xl": [3.10, 3.12, 3.11], "xl-nomem": [3.20, 3.21, 3.22]},
         {"a": [2.0, 2.1], "b": [2.1, 2.2]},  # the best's worst ties the runner-up's best
@@ -280,7 +288,8 @@ def winner(fn: Callable) -> bool:
             return verdict("winner", f"{where}: {err}", len(cases))
         if got == want:
             continue
-        hint = next((why for answer, why in _slips(values) if got == answer),
+        hint = next((why for answer, why in _slips(values)
+                     if answer is not None and got == answer),
                     f"names no winner where {want}'s worst seed beats every seed of the "
                     "runner-up" if got is None else f"returned {got!r}, expected {want!r}")
         return verdict("winner", f"{where}: {hint}", len(cases))
