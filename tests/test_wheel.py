@@ -86,3 +86,13 @@ def test_the_wheel_holds_the_library_alone_and_trains_from_an_empty_folder(tmp_p
     assert (empty / "run" / "checkpoint.pt").exists()
     assert str(env) in _run([python, "-c", "import minixl; print(minixl.__file__)"],
                             cwd=empty).stdout  # the installed copy, not the repository's
+
+
+def test_building_a_wheel_leaves_nothing_git_would_add():
+    """`pip wheel .` writes build/ (and `python -m build`, dist/) into the checkout: both are
+    ignored, so a reader who built the wheel sees a clean `git status`."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: nothing to keep clean")
+    for path in ("build/lib/minixl/__init__.py", "dist/minixl-0.1.0-py3-none-any.whl"):
+        r = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+        assert r.returncode == 0, f"{path} is not ignored"
