@@ -124,13 +124,7 @@ class AuxLosses(nn.Module):
     def forward(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor, *,
                 progress: float, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
         c, last_only = self.config, not self.config.positions
-        if len(hidden) != self.n_layer:
-            raise ValueError(f"expected the hidden states of all {self.n_layer} layers, "
-                             f"got {len(hidden)}")
-        T = targets.size(1)
-        if c.targets >= T:
-            raise ValueError(f"targets={c.targets} extra bytes ahead need windows longer than "
-                             f"{c.targets}; these have {T} positions")
+        self.check_inputs(hidden, targets)
         final = next_byte_loss(logits, targets, last_only=last_only)
         layers = extra = final.new_zeros(())
         for l, (h, w) in enumerate(zip(hidden, layer_weights(self.n_layer, progress)), start=1):
@@ -146,6 +140,17 @@ class AuxLosses(nn.Module):
                 extra = extra + w * c.target_weight * ahead
         return {"loss": final + layers + extra, "final": final, "layers": layers,
                 "targets": extra}
+
+    def check_inputs(self, hidden: list[torch.Tensor], targets: torch.Tensor) -> None:
+        """A clear error for hidden states of the wrong number of layers, or windows too
+        short for the extra targets."""
+        if len(hidden) != self.n_layer:
+            raise ValueError(f"expected the hidden states of all {self.n_layer} layers, "
+                             f"got {len(hidden)}")
+        if self.config.targets >= targets.size(1):
+            raise ValueError(f"targets={self.config.targets} extra bytes ahead need windows "
+                             f"longer than {self.config.targets}; these have "
+                             f"{targets.size(1)} positions")
 
 
 # %% book/02_aux_losses.md, section 2.5 The losses as one component
@@ -187,19 +192,14 @@ class StackedAuxLosses(AuxLosses):
     def forward(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor, *,
                 progress: float, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
         c = self.config
-        if len(hidden) != self.n_layer:
-            raise ValueError(f"expected the hidden states of all {self.n_layer} layers, "
-                             f"got {len(hidden)}")
-        if c.targets >= targets.size(1):
-            raise ValueError(f"targets={c.targets} extra bytes ahead need windows longer than "
-                             f"{c.targets}; these have {targets.size(1)} positions")
+        self.check_inputs(hidden, targets)
         inner = [c.layers * w for w in layer_weights(self.n_layer, progress)[:-1]]
         read = inner + [1.0] if any(inner) else [1.0]  # while any is on, all are read
         weights = torch.tensor(read)  # (K,), a tensor: no new graph
         if logits.device.type == "cuda":  # from pinned memory: the copy waits for nothing
-            weights = weights.pin_memory().to(logits.device, non_blocking=True)
-        return self.stacked(logits, hidden[-len(read):], targets, weights.to(logits.device),
-                            readout)
+            weights = weights.pin_memory()
+        weights = weights.to(logits.device, non_blocking=True)
+        return self.stacked(logits, hidden[-len(read):], targets, weights, readout)
 
     def stacked(self, logits: torch.Tensor, hidden: list[torch.Tensor], targets: torch.Tensor,
                 weights: torch.Tensor, readout: Callable[[torch.Tensor], torch.Tensor]) -> dict:
