@@ -5,7 +5,11 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
 PY := $(VENV)/bin/python
+# Two installs into one .venv: reading (torch, the library, JupyterLab with jupytext: what
+# `make lab` and `make train` need) and, on top of it, testing (pytest, nbval, transformers
+# for Chapter 5's comparison, Jupyter Book and Playwright for the site).
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with .ci/nbval_sanitize.cfg
 # `make run` stores outputs with the CPU's vectorised kernels and all its threads; `make
@@ -18,17 +22,23 @@ PORTABLE := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: help setup lab test test-fast check html test-browser train run export sync clean
+.PHONY: help setup setup-dev lab test test-fast check html test-browser train run export sync clean
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  make %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-setup: $(STAMP) ## create .venv from pyproject.toml (every target does it first)
+setup: $(STAMP) ## create .venv for reading: torch, minixl, JupyterLab (lab, train, sync do it first)
+
+setup-dev: $(DEV_STAMP) ## add the test and site tools to .venv (test, check, run, html do it first)
 
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "minixl needs Python 3.10 or newer; found " + sys.version.split()[0] + ". Set PYTHON=/path/to/python3.x")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[book]"
+	touch $@
+
+$(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[book,dev,site]"
 	touch $@
 
@@ -40,7 +50,7 @@ LAB_ARGS ?=
 lab: $(STAMP) ## open the book in JupyterLab
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir=. $(LAB_ARGS) nbs/00_preface.ipynb
 
-check: $(STAMP) ## pairs in sync, minixl up to date with the chapters, quoted numbers as stored
+check: $(DEV_STAMP) ## pairs in sync, minixl up to date with the chapters, quoted numbers as stored
 	$(PY) -m tools.book check
 
 # The tests run in TEST_WORKERS processes (pytest-xdist; most slow tests wait on
@@ -51,7 +61,7 @@ test: check ## every check: pytest, and notebooks match their stored outputs in 
 	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 	$(PORTABLE) $(PY) -m pytest -q $(NBVAL) nbs
 
-test-fast: $(STAMP) ## the quick loop: pytest without the slow tier (about 90 s on two cores)
+test-fast: $(DEV_STAMP) ## the quick loop: pytest without the slow tier (about 90 s on two cores)
 	$(PY) -m pytest -q -m "not slow" --durations=5 tests
 
 html: check ## the book as a website in _build/html (stored outputs, offline)
@@ -72,7 +82,7 @@ test-browser: html ## JupyterLab and the website in headless Chromium (Playwrigh
 train: $(STAMP) ## train a small model on the default corpus on the CPU
 	$(PY) -m minixl train --preset tiny --corpus pydoc --out runs/tiny --overwrite
 
-run: $(STAMP) ## execute every chapter in place (refresh stored outputs)
+run: $(DEV_STAMP) ## execute every chapter in place (refresh stored outputs)
 	$(PY) -m tools.book run
 
 export: $(STAMP) ## write the minixl modules from the chapters' export cells

@@ -33,10 +33,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "check_resume",
-           "saved_config"]
+__all__ = ["FORMAT", "FILE", "CheckpointError", "save_checkpoint", "load_checkpoint",
+           "check_resume", "saved_config"]
 
 FORMAT = "minixl-checkpoint-2"
+FILE = "checkpoint.pt"  # its name in a run folder
 NEEDED = ("step", "model", "model_config", "meta")  # what evaluation and sampling read
 FOR_RESUME = ("train_config", "objective", "optimizer", "state")
 
@@ -111,8 +112,15 @@ class _Writer:
 
 
 def load_checkpoint(path: Path, *, for_resume: bool = False) -> dict:
-    """Read a minixl checkpoint (tensors and plain values only); clear errors when it is not one."""
+    """Read a minixl checkpoint (tensors and plain values only); clear errors when it is not
+    one. `path` is the file, or a run folder (what `minixl train --out` names), read as the
+    checkpoint.pt in it."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / FILE).is_file():
+            raise CheckpointError(f"{path} is a folder with no {FILE} in it: name a run "
+                                  "folder (minixl train's --out) or a checkpoint file")
+        path = path / FILE
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
     if path.stat().st_size == 0:

@@ -30,7 +30,7 @@ from .kinds import ModelKind, refuse_foreign, registered, resolve_preset, with_o
 from .options import flag
 from .plugins import kind_named
 from .training.loop import TrainConfig, TrainResult, train
-from .training.run_folder import CHECKPOINT, UNRECORDED_DEFAULTS
+from .training.run_folder import CHECKPOINT, UNRECORDED_DEFAULTS, RunFolder
 
 __all__ = ["RunPlan", "plan_run", "BuiltModel", "build_model", "PreparedRun", "setup_run",
            "kept_on_resume"]
@@ -205,6 +205,9 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
             train_settings[k] = v
     plan = plan_run(model, preset, model_settings=model_settings,
                     train_settings=train_settings, objective_options=objective_options)
+    if out is not None:  # a folder that refuses this start does so before a line is printed
+        RunFolder(Path(out), None, None, plan.config, {}).check_start(
+            resume, overwrite, set(allow_change))
     where = training_device(plan.config.device)
     if dtype_kept:  # a checkpoint written before the setting existed: auto's old rule
         dtype, _ = resolve_dtype(plan.config.dtype, where)

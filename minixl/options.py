@@ -67,8 +67,8 @@ def parent(*options: Option) -> argparse.ArgumentParser:
 # The flags several commands share, each defined here once.
 DEVICE = Option("device", str, "auto", "where to run: auto (CUDA when present), cpu, cuda or "
                 "cuda:N")
-CHECKPOINT = Option("checkpoint", str, None, "a checkpoint.pt written by `minixl train`",
-                    required=True)
+CHECKPOINT = Option("checkpoint", str, None, "a checkpoint.pt written by `minixl train`, or "
+                    "the run folder that holds it", required=True)
 CORPUS = Option("corpus", str, None, "pydoc (the default), enwik8, text8, or a path to a "
                 "text file")
 SEED = Option("seed", int, 0, "the seed")

@@ -172,8 +172,15 @@ def test_environment_yml_matches_pyproject_and_makefile():
     assert f"torch=={torch_pin}" in pip
     torch_req = next(Requirement(r) for r in project["dependencies"] if r.startswith("torch"))
     assert torch_req.specifier.contains(torch_pin)
-    extras = re.search(r'pip install --quiet -e "\.\[([a-z,]+)\]"', makefile).group(1)
-    assert f"-e .[{extras}]" in pip
+    # two installs: reading (make lab, make train), then testing on top of it (make test)
+    reading, extras = re.findall(r'pip install --quiet -e "\.\[([a-z,]+)\]"', makefile)
+    assert reading == "book"
+    needs = dict(re.findall(r"^([a-z-]+): (\S+)", makefile, re.M))
+    assert {t: needs[t] for t in ("lab", "train", "sync")} == dict.fromkeys(
+        ("lab", "train", "sync"), "$(STAMP)"), "reading needs no test tools"
+    assert {t: needs[t] for t in ("check", "test-fast", "run")} == dict.fromkeys(
+        ("check", "test-fast", "run"), "$(DEV_STAMP)")
+    assert f"-e .[{extras}]" in pip  # environment.yml builds the testing one
     # every extra but hf-transfoxl, which pins transformers 4.37 for one benchmark and so
     # cannot share an environment with dev's transformers 5 (README, Benchmarks)
     assert set(extras.split(",")) == set(project["optional-dependencies"]) - {"hf-transfoxl"}

@@ -1152,3 +1152,23 @@ def test_winner_checker_passes_the_tables_rule_and_names_each_slip(capsys):
     fails_with(capsys, check.winner, lambda v: None, "names no winner where tree's worst seed")
     fails_with(capsys, check.winner, lambda v: _winner(v, "tie"), "counts a tie as a win")
     fails_with(capsys, check.winner, lambda v: _winner(v, "one seed"), "from one seed")
+
+
+def test_a_raising_solution_is_reported_by_shapes_and_dtypes_not_values(capsys):
+    """A student's function that raises gets one short line: each argument by its shape and
+    dtype (a list or a dict item by item, anything else by a short repr), then the error;
+    never the tensors' values, which once printed some 200 lines before the reason."""
+    def broken(q, k, v, w_k, w_v, mask=None):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    assert check.per_head_shaw(broken) is False
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out
+    assert "raised RuntimeError: mat1 and mat2 shapes cannot be multiplied" in out
+    assert "Tensor(shape=(2, 3, 5, 4), dtype=float32)" in out
+    assert "tensor(" not in out and "[[" not in out, "no tensor values in the message"
+    from minixl.check.verdicts import describe
+    assert describe([torch.zeros(2, dtype=torch.long), 3, "x" * 100]) == \
+        "[Tensor(shape=(2,), dtype=int64), 3, '" + "x" * 56 + "...]"
+    assert describe((torch.ones(1, 2),)) == "(Tensor(shape=(1, 2), dtype=float32),)"
+    assert describe({"m": None}) == "{'m': None}"

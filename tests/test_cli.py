@@ -54,6 +54,10 @@ def test_eval_scores_the_checkpoint_as_training_did(which, request, capsys, smal
                  "--device", "cpu"]) == 0
     fewer = float(capsys.readouterr().out.split(": ")[1].split()[0])
     assert fewer != got and "2,048 bytes" not in line
+    # the run folder names its checkpoint: the same score as the file's
+    assert main(["eval", "--checkpoint", str(run), "--max-bytes", "2048", "--batch-size", "4",
+                 "--device", "cpu"]) == 0
+    assert float(capsys.readouterr().out.split(": ")[1].split()[0]) == fewer
 
     assert main(["eval", "--checkpoint", ckpt, "--split", "test", "--device", "cpu"]) == 0
     line = capsys.readouterr().out
@@ -274,6 +278,8 @@ BAD = [
     (["sample", "--checkpoint", "{ckpt}", "--n", "-1"], _copy, "--n is how many bytes"),
     (["sample", "--checkpoint", "missing.pt"], None, "no checkpoint at missing.pt"),
     (["eval", "--checkpoint", "missing.pt"], None, "no checkpoint at missing.pt"),
+    (["eval", "--checkpoint", "."], None, ". is a folder with no checkpoint.pt in it: name a "
+     "run folder (minixl train's --out) or a checkpoint file"),
     (["sample", "--checkpoint", "{ckpt}"], _file(b""), "is empty (0 bytes)"),
     (["sample", "--checkpoint", "{ckpt}"], _file(b"\x80\x02garbage"),
      "cannot be read as a minixl checkpoint"),
@@ -337,9 +343,11 @@ def test_bad_input_gives_one_clear_line_and_exit_2(argv, make, message, char_run
     before = ckpt.read_bytes() if ckpt else None
     argv = [a.format(ckpt=ckpt, run=run, corpus=small_corpus) for a in argv]
     assert main(argv) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"minixl {argv[0]}: error: "), err
+    if argv[0] == "train" and make is None:  # refused before a line about the run is printed
+        assert out == "", out
     assert message in err, err
     assert "Traceback" not in err and "weights_only=False" not in err
     if ckpt:

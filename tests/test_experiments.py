@@ -619,3 +619,23 @@ def test_the_race_gives_both_programs_one_recipe(recipe, tmp_path):
     if recipe == "cpu":
         assert (layers, heads, width, window, batch, dropout, lr) == (4, 4, 128, 64, 12, 0.0,
                                                                       1e-3)
+
+
+def test_without_csv_an_entry_writes_under_runs_not_a_book_folder_in_the_current_one(tmp_path):
+    """Run from any folder but the book's checkout, an entry with no --csv writes under runs/
+    (named in its --help), never making book/ where the user stands; from the checkout's root
+    it writes its place in the book, as the stored results were made."""
+    from minixl.experiments import default_csv
+
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "shaw_cost",
+                        *TINY["shaw_cost"][0]], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("rows written to runs/bench_shaw.csv"), r.stdout
+    assert (tmp_path / "runs" / "bench_shaw.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no book/ made here
+    helped = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", "--help"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
+    assert "else runs/bench/quality.csv" in " ".join(helped.split())
+    assert default_csv("book/bench/quality.csv", tmp_path) == "runs/bench/quality.csv"
+    assert default_csv("book/bench/quality.csv", ROOT) == "book/bench/quality.csv"

@@ -33,8 +33,8 @@ from typing import Callable
 
 from ..options import DEVICE, Option, add_options
 
-__all__ = ["Experiment", "EXPERIMENTS", "register", "run", "write_csv", "markdown_table",
-           "keep_row", "int_list", "torch_threads", "pins_threads", "build_parser", "main"]
+__all__ = ["Experiment", "EXPERIMENTS", "register", "run", "default_csv", "write_csv",
+           "markdown_table", "keep_row", "int_list", "torch_threads", "pins_threads", "build_parser", "main"]
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,26 @@ def register(experiment: Experiment) -> Experiment:
     return experiment
 
 
+def default_csv(path: str, here: str | Path | None = None) -> str:
+    """Where an entry writes when no --csv is given, for an entry whose place in the book is
+    `path` (book/...): that place when the command runs from the root of the book's
+    checkout (the stored results are made so); anywhere else runs/ with the same name below
+    it (book/bench/quality.csv -> runs/bench/quality.csv), as `minixl train` keeps its runs
+    there, never a book/ folder made in whatever folder one stands in."""
+    here = Path.cwd() if here is None else Path(here)
+    if (here / "book").is_dir() and (here / "minixl" / "__init__.py").is_file():
+        return path
+    return _outside_the_book(path)
+
+
+def _outside_the_book(path: str) -> str:
+    return str(Path("runs", *Path(path).parts[1:]))
+
+
 def run(name: str, *, csv: str | Path | None = None, **options) -> list[dict]:
     """The rows of entry `name` with these options (the others at their defaults); csv: where
-    they will be written (an entry that writes files beside them is told; default its own)."""
+    they will be written (an entry that writes files beside them is told; default
+    default_csv(its own))."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENTS)}")
     entry = EXPERIMENTS[name]
@@ -90,7 +107,7 @@ def run(name: str, *, csv: str | Path | None = None, **options) -> list[dict]:
                          f"{', '.join(sorted(known)) or 'none'}")
     given = {o.name: options.get(o.name, o.default) for o in entry.options}
     if entry.beside:
-        given["csv"] = str(csv or entry.csv)
+        given["csv"] = str(csv or default_csv(entry.csv))
     rows = entry.function()(**given)
     if not rows:
         raise ValueError(f"{name} measured nothing with these settings")
@@ -209,7 +226,9 @@ def build_parser(prog: str = "python -m minixl.experiments") -> argparse.Argumen
     sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
     for entry in EXPERIMENTS.values():
         p = sub.add_parser(entry.name, help=entry.summary, description=entry.summary)
-        p.add_argument("--csv", default=entry.csv, help=f"where to write (default {entry.csv})")
+        p.add_argument("--csv", default=default_csv(entry.csv),
+                       help=f"where to write (default {entry.csv} from the root of the book's "
+                       f"checkout, else {_outside_the_book(entry.csv)})")
         p.add_argument("--all-columns", action="store_true",
                        help="print every column, not only the main ones")
         add_options(p, entry.options)

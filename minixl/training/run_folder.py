@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checkpoint import (FORMAT, CheckpointError, check_resume, load_checkpoint,
+from ..checkpoint import (FILE, FORMAT, CheckpointError, check_resume, load_checkpoint,
                           save_checkpoint, saved_config)
 from . import state as states
 from .metrics import draw_loss, format_row, metrics_up_to
@@ -32,7 +32,7 @@ __all__ = ["CHECKPOINT", "METRICS", "PLOT", "CHANGEABLE_ON_RESUME", "UNRECORDED_
            "RunFolder", "restore",
            "SaveFailed"]
 
-CHECKPOINT, METRICS, PLOT = "checkpoint.pt", "metrics.csv", "loss.png"
+CHECKPOINT, METRICS, PLOT = FILE, "metrics.csv", "loss.png"
 # Settings a resumed run may change freely: they do not change what is learned (grad_accum
 # splits the same batch into micro-batches; like the number of processes and the optimiser's
 # kernel, it changes only the order of float additions and which dropout mask falls on
@@ -158,10 +158,11 @@ class RunFolder:
             self.unlock()
             raise
 
-    def _begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
-        for name in (METRICS, PLOT):  # left by a run killed while it rewrote them
-            with contextlib.suppress(OSError):
-                (self.out / (name + ".part")).unlink(missing_ok=True)
+    def check_start(self, resume: bool, overwrite: bool, allow: set) -> tuple[list, str | None]:
+        """Refuse a start the folder does not allow (a ValueError that says why), changing
+        nothing: `minixl train` asks before it prints its first line, and the run asks again
+        under the folder's lock. Returns our files in it and what a run stopped before its
+        first checkpoint left (None if not that)."""
         ours = [p for p in (self.ckpt, self.out / METRICS, self.out / PLOT) if p.exists()]
         if resume and overwrite:
             raise ValueError("--resume continues the run in the folder and --overwrite deletes "
@@ -178,6 +179,13 @@ class RunFolder:
                                 if unsaved else ""))
         if allow and not resume:
             raise ValueError("--allow-change applies to --resume only")
+        return ours, unsaved
+
+    def _begin(self, resume: bool, overwrite: bool, allow: set) -> dict:
+        for name in (METRICS, PLOT):  # left by a run killed while it rewrote them
+            with contextlib.suppress(OSError):
+                (self.out / (name + ".part")).unlink(missing_ok=True)
+        ours, unsaved = self.check_start(resume, overwrite, allow)
         if not resume:
             if not overwrite and unsaved is not None:
                 for path in self.out.glob(f"{CHECKPOINT}.*.part"):
@@ -222,8 +230,8 @@ class RunFolder:
             data = (self.out / METRICS).read_bytes()
         except OSError:
             return None
-        if any(n not in (METRICS, PLOT) and not (n.startswith(CHECKPOINT + ".")
-                                                and n.endswith(".part")) for n in names):
+        if any(n not in (METRICS, PLOT, METRICS + ".part", PLOT + ".part")
+               and not (n.startswith(CHECKPOINT + ".") and n.endswith(".part")) for n in names):
             return None
         kept, damaged, header_damaged = metrics_up_to(data, sys.maxsize)
         if data and (header_damaged or damaged or not kept):
