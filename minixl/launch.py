@@ -205,8 +205,10 @@ def setup_run(model: str | ModelKind | None = None, preset: str | None = None, *
             train_settings[k] = v
     plan = plan_run(model, preset, model_settings=model_settings,
                     train_settings=train_settings, objective_options=objective_options)
-    if out is not None:  # a folder that refuses this start does so before a line is printed
-        RunFolder(Path(out), None, None, plan.config, {}).check_start(
+    # A folder that refuses this start does so before a line is printed (one process; under
+    # torchrun rank 0 alone checks it, in train, and tells the others)
+    if out is not None and distributed_env()[2] == 1:
+        RunFolder(Path(out), None, None, plan.config, {}).preflight(
             resume, overwrite, set(allow_change))
     where = training_device(plan.config.device)
     if dtype_kept:  # a checkpoint written before the setting existed: auto's old rule

@@ -40,7 +40,7 @@ def book_check(root: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def repo_copy(tmp_path):
-    for name in ("book", "nbs", "minixl", "tools"):  # and README.md, below
+    for name in ("book", "nbs", "minixl", "tools", "docs"):  # and README.md, below
         shutil.copytree(ROOT / name, tmp_path / name,
                         ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)  # export reads the version from it
@@ -581,6 +581,23 @@ def test_the_readme_is_read_against_the_csvs_each_section_names(tmp_path):
     assert "3.10 is not" in got[1] and "0.0149 is not" in got[2]
     readme.write_text("## Timings\n\n```\nminixl bench --csv book/run.csv\n```\n\n0.0149 s.\n")
     assert "0.0149 is not" in readme_problems(readme, tmp_path / "book")[0]  # named in code only
+
+
+def test_the_pages_in_docs_are_read_as_the_readme_is(tmp_path):
+    """The README's reference, moved to docs/, stays under the check: a number one of its
+    pages quotes from a CSV it names must be the stored one, and the page is named."""
+    from tools.book.numbers import pages_problems
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "run.csv").write_text("n,seconds\n1024,0.0149\n")
+    (tmp_path / "README.md").write_text("# x\n\nSee docs.\n")
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "runs.md"
+    page.write_text("## Timings\n\nFrom `book/run.csv`: 0.0149 s.\n")
+    assert pages_problems(tmp_path) == []
+    page.write_text("## Timings\n\nFrom `book/run.csv`: 0.0151 s.\n")
+    (got,) = pages_problems(tmp_path)
+    assert got.startswith("docs/runs.md:3: 0.0151 is not in the stored outputs"), got
 
 
 @pytest.mark.slow

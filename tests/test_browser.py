@@ -251,7 +251,8 @@ def test_the_link_check_catches_a_broken_link(site):
 # ------------------------------------------------------------------------------ JupyterLab
 
 VENV = ROOT / ".venv"  # the repository's environment: `make lab` in a copy runs this one
-LAB_FILES = ("book", "nbs", "minixl", "tools", "README.md", "Makefile", "pyproject.toml")
+LAB_FILES = ("book", "nbs", "minixl", "tools", "docs", "README.md", "Makefile",
+             "pyproject.toml")
 EDITED = "01_char_transformer"  # the chapter whose cells the sync tests edit
 LOAD_SECONDS = 120  # for the server to answer, a page or a document to load
 SERVING = re.compile(r"Serving notebooks from local directory: (.+)$", re.M)

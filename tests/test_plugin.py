@@ -218,9 +218,9 @@ def test_a_kind_that_does_not_fit_its_config_is_refused_when_declared():
 
 @pytest.mark.slow
 def test_the_readmes_example_works_as_written(tmp_path):
-    """README.md's bigram.py, its commands (with the `minixl` the install puts on the PATH,
+    """docs/library.md's bigram.py, its commands (with the `minixl` the install puts on the PATH,
     run from the folder that holds the file) and its Python lines, as a reader copies them."""
-    readme = (HERE.parent / "README.md").read_text()
+    readme = (HERE.parent / "docs" / "library.md").read_text()
     section = readme[readme.index("## A model of your own"):readme.index("## How the library")]
     blocks = section.split("```")[1::2]  # the fenced blocks, in order
     code, commands, python = blocks[0], blocks[1], blocks[2]

@@ -131,3 +131,23 @@ def test_the_readme_shows_the_bench_and_links_its_decision_table():
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     assert (width, height) == (720, 259)  # 10 x 3.6 inches at 72 dpi
+
+
+def test_the_readme_starts_with_the_quick_paths_and_links_the_rest():
+    """A newcomer's first screen: the set-up and the three commands used most, with their
+    times, before any figure; how to run `minixl`; the CPU-only install; and a link to every
+    page of the reference in docs/, each of whose own links resolves."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme[readme.index("## Start here"):readme.index("![")]
+    assert readme.index("## Start here") < 600 and len(start.splitlines()) < 45
+    for needed in ("make lab ", "make train ", "make test-fast ", "--no-browser",
+                   "source .venv/bin/activate", ".venv/bin/minixl", "make test` (about",
+                   "--index-url https://download.pytorch.org/whl/cpu"):
+        assert needed in start, needed
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages and all(f"](docs/{p.name})" in readme for p in pages)
+    for page in [ROOT / "README.md", *pages]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text):
+            if not re.match(r"[a-z]+:", target):  # a file of the repository, not a URL
+                assert (page.parent / target).exists(), f"{page.name} links {target}"

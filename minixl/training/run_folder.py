@@ -120,6 +120,10 @@ class RunFolder:
             import fcntl
         except ImportError:  # no flock (Windows): the folder, but no lock
             return
+        self._lock = self._flock(fcntl)
+
+    def _flock(self, fcntl) -> int:
+        """The folder's lock taken (its descriptor), or the one line that names its holder."""
         fd = os.open(self.out, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,7 +131,22 @@ class RunFolder:
             os.close(fd)
             raise ValueError(f"{self.out} is in use by another run, {lock_holder(self.out)}: "
                              "wait for it to end, or choose another --out") from None
-        self._lock = fd
+        return fd
+
+    def preflight(self, resume: bool, overwrite: bool, allow: set) -> None:
+        """What `begin` would refuse, asked before anything is printed or made: the folder
+        in use by another run (its lock, taken and dropped at once), then check_start. A
+        start it passes is checked again under the lock by `begin`, which decides."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a file: name a folder for the run")
+        if self.out.is_dir():
+            try:
+                import fcntl
+            except ImportError:  # no flock (Windows)
+                pass
+            else:
+                os.close(self._flock(fcntl))
+        self.check_start(resume, overwrite, allow)
 
     def unlock(self) -> None:
         """Drop the folder's lock."""
@@ -160,8 +179,8 @@ class RunFolder:
 
     def check_start(self, resume: bool, overwrite: bool, allow: set) -> tuple[list, str | None]:
         """Refuse a start the folder does not allow (a ValueError that says why), changing
-        nothing: `minixl train` asks before it prints its first line, and the run asks again
-        under the folder's lock. Returns our files in it and what a run stopped before its
+        nothing: `minixl train` asks before it prints its first line (preflight), and the run
+        asks again under the folder's lock. Returns our files in it and what a run stopped before its
         first checkpoint left (None if not that)."""
         ours = [p for p in (self.ckpt, self.out / METRICS, self.out / PLOT) if p.exists()]
         if resume and overwrite:

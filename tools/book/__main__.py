@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from .export import export
-from .numbers import check_numbers, readme_problems
+from .numbers import check_numbers, pages_problems
 from .pairs import check_pairs
 from .paths import chapters
 from .run import run_chapters
@@ -28,12 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     if cmd == "check":
         problems = check_pairs() + export(check=True)
-        problems += check_numbers() + readme_problems() if not problems else []
+        problems += check_numbers() + pages_problems() if not problems else []
         for p in problems:
             print("FAIL:", p, file=sys.stderr)
         if not problems:
             print(f"book check: {len(chapters())} chapters paired, minixl up to date, quoted "
-                  "numbers match the stored outputs (and the README's, its CSVs)")
+                  "numbers match the stored outputs (and the README's and docs/', their CSVs)")
         return 1 if problems else 0
     if cmd == "run":
         run_chapters(rest)

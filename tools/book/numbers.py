@@ -336,6 +336,14 @@ def readme_problems(readme: Path = ROOT / "README.md", book: Path = BOOK) -> lis
     return _problems(text, cells, readme.name, cumulative=False)
 
 
+def pages_problems(root: Path = ROOT) -> list[str]:
+    """readme_problems for the README and every page under docs/ (the README's reference
+    material, moved there)."""
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [f"{p.parent.name}/{m}" if p.parent != root else m
+            for p in pages for m in readme_problems(p, root / "book")]
+
+
 def check_numbers(names=None) -> list[str]:
     problems = []
     for stem in names or [p.stem for p in chapters()]:
