@@ -639,3 +639,41 @@ def test_without_csv_an_entry_writes_under_runs_not_a_book_folder_in_the_current
     assert "else runs/bench/quality.csv" in " ".join(helped.split())
     assert default_csv("book/bench/quality.csv", tmp_path) == "runs/bench/quality.csv"
     assert default_csv("book/bench/quality.csv", ROOT) == "book/bench/quality.csv"
+
+
+@pytest.mark.slow
+def test_bench_all_trains_and_scores_on_the_corpus_it_is_given(tmp_path):
+    """--corpus takes any corpus `minixl train` takes: the arms train and are scored on it (a
+    text of one repeated phrase is learned to far fewer bits than varied prose, at the same
+    settings), its name, digest and training bytes join the settings (so a folder of one
+    corpus refuses to resume with another), and the decision table counts passes over it."""
+    from minixl.data import load_corpus
+
+    prose = tmp_path / "prose.txt"
+    prose.write_text((ROOT / "README.md").read_text() * 4)
+    repeated = tmp_path / "repeated.txt"
+    repeated.write_text("the same short phrase, again; " * 4000)
+    tiny = ["--budgets", "1e9", "--params", "20000", "--seeds", "0", "--models", "char",
+            "--lengths", "32", "--distances", "16,64", "--batch-size", "4", "--eval-bytes",
+            "1024", "--reach-eval", "10"]
+    bpc = {}
+    for text in (prose, repeated):
+        out = tmp_path / text.stem / "quality.csv"
+        r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", *tiny,
+                            "--corpus", str(text), "--csv", str(out)], capture_output=True,
+                           text=True, cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, r.stderr
+        (row,) = _read(out)
+        settings = json.loads(row["settings"])
+        train_bytes = int(load_corpus(str(text)).train.numel())
+        assert settings["corpus"] == text.name and settings["corpus_train_bytes"] == train_bytes
+        passes = int(row["steps"]) * 4 * 32 / train_bytes
+        assert f"steps (corpus passes) char {row['steps']} ({passes:.1f})" in \
+            (out.parent / "decisions.md").read_text()
+        bpc[text.stem] = float(row["own_bpc"])
+    assert bpc["repeated"] < bpc["prose"] - 0.5, bpc  # the same run on pydoc for both: equal
+    r = subprocess.run([sys.executable, "-m", "minixl.experiments", "bench_all", *tiny,
+                        "--corpus", str(prose), "--csv", str(tmp_path / "repeated" /
+                                                             "quality.csv")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 2 and "holds a run with other settings" in r.stderr, r.stderr

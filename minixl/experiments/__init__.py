@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..options import DEVICE, Option, add_options
+from ..options import CORPUS, DEVICE, Option, add_options
 
 __all__ = ["Experiment", "EXPERIMENTS", "register", "run", "default_csv", "write_csv",
            "markdown_table", "keep_row", "int_list", "torch_threads", "pins_threads", "build_parser", "main"]
@@ -559,7 +559,8 @@ register(Experiment(
      _FLOP_POLICY, _CUDA_DEVICE, _THREADS,
      Option("reach_only", bool, False, "the reach task alone, no held-out text (a control "
             "of it at other distances, say); --csv then names a reach.csv in a folder of its "
-            "own")),
+            "own"),
+     CORPUS),
     ("arm", "length", "seed", "params", "steps", "own_protocol", "own_bpc", "common_bpc",
      "train_seconds"), beside=True,
     measured=("train_seconds", "seconds", "ended")))

@@ -256,7 +256,8 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
               eval_bytes: int = 32768, reach_eval: int = 200, lr: float = 2e-3,
               csv: str = "book/bench/quality.csv", device: str = "cpu",
               threads: int = 1, reach_only: bool = False,
-              flop_policy: str = BENCH_FLOP_POLICY, lrs: str | None = None) -> list[dict]:
+              flop_policy: str = BENCH_FLOP_POLICY, lrs: str | None = None,
+              corpus: str | None = None) -> list[dict]:
     """Run the bench (see the module docstring) and return the quality rows (written to
     `csv` too, plan.csv and reach.csv beside it). The reach task trains at the longest
     length and the largest budget. reach_only: the reach task alone (a control of it, say,
@@ -264,7 +265,9 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     then names its reach.csv, and its rows are returned. flop_policy: how every arm's
     training FLOPs are counted (minixl.model_kind.FLOP_POLICIES). lrs: comma-separated
     learning rates, each arm's chosen among them first (the module docstring); lr is then
-    unused."""
+    unused. corpus: the text the arms train on and are scored on, any corpus `minixl train`
+    takes (None: pydoc); its name, digest and training bytes join the run's settings when it
+    is not pydoc."""
     policy = policy_settings(flop_policy)
     lr_list = sorted(set(_float_list(lrs, "lrs"))) if lrs else None
     if lr_list is not None and len(lr_list) < 3:
@@ -286,9 +289,18 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
     quality_csv = Path(csv).with_name("quality.csv") if reach_only else Path(csv)
     folder = quality_csv.parent
     rate = {"lrs": lr_list} if lr_list else {"lr": lr}
+    text = load_corpus(corpus or "pydoc")  # its errors first: a name or a path, not a file
+    if not reach_only and len(text.valid) < max(length_list) + 1:
+        raise ValueError(f"the valid split of {text.name!r} has {len(text.valid):,} bytes, "
+                         f"too few for one window of {max(length_list)}: use more text or "
+                         "shorter --lengths")
+    # pydoc's runs stored no corpus: their settings stay as they were
+    own = {} if text.name == "pydoc" else {
+        "corpus": text.name, "corpus_sha256": text.sha256[:16],
+        "corpus_train_bytes": int(text.train.numel())}
     settings = _settings(params=params, batch_size=batch_size,
                          eval_bytes=eval_bytes, reach_eval=reach_eval, **rate,
-                         distances=distance_list, **policy)
+                         distances=distance_list, **policy, **own)
     if lr_list:
         _widen(folder, settings, arms, reach_only=reach_only)
     quality = _done(quality_csv, settings)
@@ -317,7 +329,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 row["lr"] = "" if old is None else old.get("lr", "")
             planned[name, length, budget] = row
         write_csv(list(planned.values()), folder / "plan.csv")
-        corpus = load_corpus("pydoc")
+        corpus = text
         rates = {name: lr for name in arms}
 
         def rate_of(name: str) -> dict:  # a tuned run's rows name their arm's rate
@@ -724,8 +736,8 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True,
     (the run's settings, where its rows carry them: `batch_size` windows, or `batch_bytes`
     bytes, a step); each arm's steps (one number where its seeds agree, as they do in one
     plan; else the range) and, with `passes`, how many times those steps read the training
-    data (steps x batch x length bytes over `train_bytes`, the bench's pydoc split where
-    None: `_train_bytes`; `over` names them), unless not `steps_too` (a reading at fixed time, whose steps
+    data (steps x batch x length bytes over `train_bytes`; where None, the run's corpus's
+    training split as its settings name it, or pydoc's: `_train_bytes`; `over` names them), unless not `steps_too` (a reading at fixed time, whose steps
     vary); and each arm's kernel (`kernel_label`)."""
     settings = _run_settings(rows)
     steps: dict[str, set[int]] = {}
@@ -743,7 +755,8 @@ def _scale(rows: list[dict], *, passes: bool = True, steps_too: bool = True,
     if batch:
         parts.append(f"batch {batch}")
     counted = passes and bool(batch)
-    corpus = train_bytes or (_train_bytes() if counted else 0)
+    corpus = train_bytes or settings.get("corpus_train_bytes") or (_train_bytes() if counted
+                                                                    else 0)
 
     def told(a, n):
         text = f"{a} {min(n)}" if len(n) == 1 else f"{a} {min(n)}-{max(n)}"
