@@ -462,6 +462,23 @@ def test_a_quoted_number_must_read_as_a_stored_output(tmp_path):
     assert "3,100" in got[1]  # without "about", 3,100 is not 3067
 
 
+def test_a_quoted_number_is_checked_at_its_exact_boundaries(tmp_path):
+    """The rule at its edges: a number printed with fewer decimals than the prose quotes
+    cannot support it (3.74 printed does not say 3.735 or 3.740), though it would round to
+    it; a printed number supports the quotes it rounds to and no other (0.01449 reads as
+    0.014, not 0.015; the half-way 0.0145 as either neighbour, not 0.016)."""
+    from tools.book.numbers import _matches
+
+    printed = [(3.74, 2, "3.74"), (0.0145, 4, "0.0145"), (0.01449, 5, "0.01449")]
+    assert _matches("3.74", printed) and _matches("3.7", printed)
+    assert not _matches("3.740", printed) and not _matches("3.735", printed)
+    assert _matches("0.015", printed[1:2]) and _matches("0.014", printed[1:2])
+    assert not _matches("0.016", printed[1:2]) and not _matches("0.01450", printed[1:2])
+    assert _matches("0.014", printed[2:]) and not _matches("0.015", printed[2:])
+    got = _problems(tmp_path, ["The loss fell to 3.735 bits."], "loss 3.74\n")
+    assert len(got) == 1 and "3.735 is not in the stored outputs" in got[0], got
+
+
 def test_a_derived_number_is_checked_and_so_are_its_operands(tmp_path):
     printed = "seeds 3.711 3.658\n"
     assert _problems(tmp_path, ["A gap of 0.053.\n<!-- derived: 0.053 = 3.711 - 3.658 -->"],

@@ -296,6 +296,43 @@ def test_fast_tree_attention_equals_the_dense_reference(causal):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
 
 
+def test_fast_tree_attention_off_the_powers_of_two_both_ways_quickly():
+    """The quick loop's stand-in for the bidirectional case above (slow tier): a few lengths
+    that are not powers of two, where the tree's last level is ragged on both sides."""
+    for n in (6, 11, 13):
+        graph = segtree_graph(n, causal=False)
+        qkv, rel = random_inputs(graph, heads=2, d=4, seed=n)
+        fast, slow = tree_attention(qkv, rel, n, causal=False), tree_attention_dense(qkv, rel, graph)
+        torch.testing.assert_close(fast, slow, atol=1e-10, rtol=1e-10)
+        for a, b in zip(grads(fast, [qkv, rel]), grads(slow, [qkv, rel])):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_fast_tree_attention_with_dropout_has_the_right_gradient_quickly():
+    """The quick loop's stand-in for the gradient check below: the hand-written backward
+    against central differences along three random directions (the same dropout mask on
+    every call), in float64, at 7 leaves."""
+    graph = segtree_graph(7)
+    qkv, rel = random_inputs(graph, heads=2, d=4)
+
+    def run(qkv, rel):
+        torch.manual_seed(5)
+        return tree_attention(qkv, rel, 7, causal=False, dropout=0.3)
+
+    out = run(qkv, rel)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
+    g_qkv, g_rel = torch.autograd.grad((out * probe).sum(), [qkv, rel])
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        d_qkv = torch.randn(qkv.shape, generator=g, dtype=qkv.dtype)
+        d_rel = torch.randn(rel.shape, generator=g, dtype=rel.dtype)
+        with torch.no_grad():
+            ends = [(run(qkv + e * d_qkv, rel + e * d_rel) * probe).sum() for e in (1e-6, -1e-6)]
+        numeric = (ends[0] - ends[1]) / 2e-6
+        analytic = (g_qkv * d_qkv).sum() + (g_rel * d_rel).sum()
+        assert abs(numeric - analytic) < 1e-6 * (1 + abs(analytic)), (numeric, analytic)
+
+
 @pytest.mark.slow  # over 1.5 s: the quick loop stays well under a minute
 def test_fast_tree_attention_with_dropout_has_the_right_gradient():
     """With dropout, the hand-written backward against finite differences (the same mask on

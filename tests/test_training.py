@@ -2,7 +2,10 @@
 groups, gradient accumulation, batches where the data is, and a model state of any shape."""
 
 import dataclasses
+import os
+import signal
 from dataclasses import replace
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -10,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import TINY_CONFIGS, train_args
+from conftest import TINY_CONFIGS, first_quick, train_args
 from minixl import CharTransformer, CharTransformerConfig, lr_at
 from minixl.checkpoint import FORMAT, load_checkpoint
 from minixl.cli import main
@@ -453,3 +456,73 @@ def test_the_optimisers_kernel_on_the_cpu(char_run):
     assert group["fused"]
     groups = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)["optimizer"]
     assert [g["fused"] for g in groups["param_groups"]] == [True, True] and "fused" in CHANGEABLE_ON_RESUME
+
+
+class Reading(RunningMean):
+    """RunningMean that notes, at each call of step, whether it was handed a state."""
+
+    def __init__(self, config: RunningConfig):
+        super().__init__(config)
+        self.handed = []
+
+    def step(self, tokens, state=None):
+        self.handed.append(state is not None)
+        return super().step(tokens, state)
+
+
+def _reading_run(out, *, steps, batch_size=4, resume=False, allow=(), corpus="a",
+                 stop_at=None):
+    """A RunningMean run on ordered streams (5 segments of 8 a pass, from a fresh state
+    each pass); (the model, the progress its objective was told at each step)."""
+    torch.manual_seed(0)
+    model, told = Reading(RunningConfig()), []
+    source = OrderedStreams(STREAM, batch_size, 8)
+
+    def objective(net, x, y, state, progress):
+        told.append(progress)
+        if len(told) == stop_at:  # a real Ctrl-C: the run ends after this step, saved
+            os.kill(os.getpid(), signal.SIGINT)
+        logits, state = net.step(x, state)
+        return {"loss": F.cross_entropy(logits.flatten(0, 1), y.flatten())}, state
+
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=1e-2, seed=1, log_every=1,
+                      eval_every=100, ckpt_every=100, device="cpu")
+    train(model, cfg, batches=source, objective=objective, out=out, resume=resume,
+          allow_change=allow, meta={"corpus": {"source": corpus}}, progress=False)
+    return model, told
+
+
+def test_the_objective_is_told_each_steps_progress():
+    """progress = step / steps, from 0 (Chapter 2's schedule turns its losses off by it: a
+    progress one step ahead shortens every loss's life by a step)."""
+    assert _reading_run(None, steps=8)[1] == [k / 8 for k in range(8)]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_is_told_the_progress_an_unbroken_one_is(tmp_path):
+    """Stopped by a Ctrl-C after its third step and resumed, the objective is told what an
+    unbroken run's is, step for step."""
+    _, whole = _reading_run(tmp_path / "whole", steps=8)
+    with pytest.raises(TrainingInterrupted):
+        _reading_run(tmp_path / "part", steps=8, stop_at=3)
+    _, rest = _reading_run(tmp_path / "part", steps=8, resume=True)
+    assert whole == [k / 8 for k in range(8)] and rest == whole[3:]
+
+
+@pytest.mark.parametrize("change", first_quick(["corpus", "batch_size"]))
+def test_a_resumed_run_on_other_streams_starts_from_an_empty_memory(tmp_path, change, capsys):
+    """The memory a checkpoint keeps belongs to the streams it read: resumed with another
+    corpus or batch size (--allow-change) the model is handed no state at its first step,
+    and the run says so; resumed with only more steps, it is handed the saved one (so the
+    test can see a state go through)."""
+    _reading_run(tmp_path / "kept", steps=3)
+    model, _ = _reading_run(tmp_path / "kept", steps=4, resume=True, allow=("steps",))
+    assert model.handed == [True]  # step 3 of 5 in a pass: the memory goes on
+    other = dict(corpus="b") if change == "corpus" else dict(batch_size=2)
+    _reading_run(tmp_path / "other", steps=3)
+    capsys.readouterr()
+    model, _ = _reading_run(tmp_path / "other", steps=4, resume=True,
+                            allow=("steps", change), **other)
+    assert model.handed == [False]
+    assert "resuming with an empty state (memory): it belonged to other streams" in \
+        capsys.readouterr().out

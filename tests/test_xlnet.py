@@ -1204,3 +1204,27 @@ def test_the_positive_control_orders_the_three_objectives():
     assert own["permutation"] < own["independent"] < own["causal"], own
     for arm, bits in own.items():
         assert abs(bits - PAIR_BOUNDS[CONTROL_ARMS[arm]]) < 0.4, (arm, bits)
+
+
+def test_the_segment_term_adds_s_plus_within_a_segment_and_s_minus_across():
+    """Term (e) at its source, in the quick loop (the comparison with the reference
+    implementation, which also pins it, needs transformers). With a large bias along s+
+    and s- zeroed, a query reads only the keys of its own segment, as if the others were
+    masked; with s+ zeroed and the bias along s-, only the keys of the other segment.
+    Swapping s+ and s- fails both. (A term shared by every key of a row would move nothing:
+    the softmax ignores it, so each row mixes both kinds of key.)"""
+    torch.manual_seed(0)
+    attn = TwoStreamAttention(8, 2).eval()
+    B, T = 2, 5
+    q, k, v = (torch.randn(B, 2, T, 4) for _ in range(3))
+    r_k = torch.randn(2, 2 * T - 1, 4)
+    mask = torch.ones(B, T, T, dtype=torch.bool)
+    same = (torch.arange(T) < 2).expand(B, T, T)  # keys 0 and 1 share each query's segment
+    u = torch.randn(2, 4)
+    with torch.no_grad():
+        attn.r_s_bias.copy_(100 * u)  # (q + b) . u / |u| is about 100 |u| for every query
+        for along, reads in ((0, same), (1, ~same)):  # along s+, then along s-
+            attn.seg_embed.zero_()
+            attn.seg_embed[along] = u / u.norm(dim=-1, keepdim=True)
+            torch.testing.assert_close(attn.attend(q, k, v, r_k, mask, seg_same=same),
+                                       attn.attend(q, k, v, r_k, mask & reads))
