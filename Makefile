@@ -22,7 +22,7 @@ PORTABLE := ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CHROMIUM ?= /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: help setup setup-dev lab test test-fast check html test-browser train run export sync clean
+.PHONY: help setup setup-dev lab test test-fast check html test-browser train run export sync clean mutate
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  make %-15s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -93,3 +93,7 @@ sync: $(STAMP) ## bring each book/*.md and nbs/*.ipynb pair in step
 
 clean: ## remove .venv, runs/ and the built site
 	rm -rf $(VENV) runs .pytest_cache _build
+
+# Not part of `make test`: about half an hour, one mutant at a time in a copy of the repo.
+mutate: $(DEV_STAMP) ## the mutation run over minixl's core: score and survivors in tests/MUTATION.md
+	$(PY) -m tools.mutate

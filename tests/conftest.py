@@ -64,6 +64,14 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+def near_uniform(bpc: float, *, within: float = 0.5) -> bool:
+    """Is `bpc` what a byte model scores a few steps from a fresh start: about log2(256) = 8
+    bits per byte, the uniform guess (the fixtures' runs train 8 steps at a small rate)?
+    A score in nats (8 ln 2 = 5.5) or one a trained model would give fails it, where a
+    range such as 0 < bpc < 9 would pass both."""
+    return abs(bpc - 8.0) < within
+
+
 def first_quick(values: list, ids: list[str] | None = None) -> list:
     """Parameters for pytest.mark.parametrize: the first runs in the quick loop (make
     test-fast), the others in the slow tier only (make test runs them all)."""

@@ -1,8 +1,11 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minixl import MultiHeadAttention, attention, attention_weights, causal_mask
+from minixl import (MultiHeadAttention, attention, attention_weights, causal_mask,
+                    sinusoid_positions)
 
 
 @pytest.mark.parametrize("qlen,klen", [(1, 1), (4, 4), (3, 7), (5, 6)])
@@ -60,3 +63,16 @@ def test_fused_and_plain_multi_head_agree():
 def test_multi_head_rejects_indivisible_width():
     with pytest.raises(ValueError, match="not divisible by n_head=5"):
         MultiHeadAttention(32, 5)
+
+
+def test_the_sinusoid_table_is_the_formula_sin_half_first():
+    """Row p, column f of the table: sin(p / 10000^(2f/C)) in the first half, cos of the same
+    angle in the second (Chapter 1's layout, which the checkers and every stored checkpoint of
+    a sinusoid model assume), written out here entry by entry."""
+    T, C = 7, 6
+    table = sinusoid_positions(T, C)
+    for p in range(T):
+        for f in range(C // 2):
+            angle = p / 10000 ** (2 * f / C)
+            assert abs(table[p, f] - math.sin(angle)) < 1e-6
+            assert abs(table[p, C // 2 + f] - math.cos(angle)) < 1e-6

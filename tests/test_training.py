@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from conftest import TINY_CONFIGS, first_quick, train_args
+from conftest import TINY_CONFIGS, first_quick, near_uniform, train_args
 from minixl import CharTransformer, CharTransformerConfig, lr_at
 from minixl.checkpoint import FORMAT, load_checkpoint
 from minixl.cli import main
@@ -74,7 +74,7 @@ def test_the_run_folder(char_run):
     assert [int(r[0]) for r in rows] == [2, 4, 6, 8]  # --log-every 2 --steps 8
     valid = header.index("valid_bpc")
     assert [bool(r[valid]) for r in rows] == [False, True, False, True]  # --eval-every 4
-    assert all(0 < float(r[1]) < 9 for r in rows)
+    assert all(near_uniform(float(r[1])) for r in rows)  # bits, 8 steps from a fresh start
     assert (char_run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = load_checkpoint(char_run / "checkpoint.pt", for_resume=True)
     assert ckpt["format"] == FORMAT and ckpt["step"] == 8 and ckpt["meta"]["kind"] == "char"
