@@ -2,6 +2,7 @@
 groups, gradient accumulation, batches where the data is, and a model state of any shape."""
 
 import dataclasses
+import math
 import os
 import signal
 from dataclasses import replace
@@ -526,3 +527,16 @@ def test_a_resumed_run_on_other_streams_starts_from_an_empty_memory(tmp_path, ch
     assert model.handed == [False]
     assert "resuming with an empty state (memory): it belonged to other streams" in \
         capsys.readouterr().out
+
+
+def test_the_schedule_warms_up_then_falls_by_half_a_cosine_to_its_floor():
+    """lr_at written out (the trainer's weights are checked against a loop that calls it, so
+    the schedule itself needs its own check): a linear warm-up to the peak, then half a
+    cosine, the midpoint half-way between peak and floor, the floor after the last step."""
+    hp = dict(lr=2.0, warmup=4, min_lr_frac=0.1)
+    rates = [lr_at(s, 24, **hp) for s in range(25)]
+    assert rates[:5] == [0.5, 1.0, 1.5, 2.0, 2.0]  # step 4 starts the cosine at its top
+    assert all(a > b for a, b in zip(rates[4:], rates[5:]))  # falling, never rising
+    assert abs(rates[14] - (0.2 + 2.0) / 2) < 1e-12  # progress 1/2: cos(pi/2) = 0
+    assert abs(rates[9] - (0.2 + 0.9 * (1 + math.cos(math.pi / 4)))) < 1e-12
+    assert abs(rates[24] - 0.2) < 1e-12
