@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import near_uniform
 from minixl.cli import build_parser, main
 from minixl.experiments import EXPERIMENTS, build_parser as registry_parser, markdown_table, write_csv
 
@@ -280,7 +281,7 @@ def _hang_together(run, capsys):
 
     rows = run("segtree_quality")
     assert [r["arm"] for r in rows] == ["dense", "shaw", "segtree", "segtree-post"]
-    assert all(0 < float(r["valid_bpc"]) < 9 for r in rows)
+    assert all(near_uniform(float(r["valid_bpc"]), within=1.0) for r in rows)  # 2 steps: bits
     params = {r["arm"]: int(r["params"]) for r in rows}
     assert params["segtree"] - params["segtree-post"] == 2 * 64  # post-norm has no final norm
     rows = run("segtree_quality", "--windows", "16,32", "--arms", "segtree-post")
@@ -290,7 +291,7 @@ def _hang_together(run, capsys):
                "segtree-norel,segtree-bpt1,segtree-bpt4,shaw-local")
     assert [r["arm"] for r in rows] == ["segtree-norel", "segtree-bpt1", "segtree-bpt4",
                                         "shaw-local"]
-    assert all(0 < float(r["valid_bpc"]) < 9 for r in rows)
+    assert all(near_uniform(float(r["valid_bpc"]), within=1.0) for r in rows)
 
     rows = run("segtree_reach")
     bands = ["1-2", "3-4", "5-8", "9-16", "17-32", "33-63"]
@@ -317,7 +318,8 @@ def _hang_together(run, capsys):
         ("nanoGPT", "2"), ("minixl", "2"), ("minixl --dtype fp32", "2")]
     nanogpt = {r["held_out_bpc"] for r in rows if r["program"] == "nanoGPT"}
     assert nanogpt == {"2.0"}  # the stand-in's 1.3863 nats
-    assert all(0 < float(r["held_out_bpc"]) < 9 for r in rows)  # bits, not nats
+    assert all(near_uniform(float(r["held_out_bpc"]), within=1.5)  # 3 steps, in bits
+               for r in rows if r["program"] != "nanoGPT")
     out = capsys.readouterr().out
     assert "minixl's time / nanoGPT's: median " in out
     assert "minixl --dtype fp32's time / nanoGPT's: median " in out
@@ -328,15 +330,16 @@ def _hang_together(run, capsys):
         ("ordered streams", "0", "0", "False"),
         ("ordered streams + memory", "16", "0", "False"),
         ("pretraining input + memory", "16", "32", "True")]
-    assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_windows", "bpc_memory",
-                                                             "bpc_infill"))
+    assert all(near_uniform(float(r[k]), within=1.0) for r in rows  # 2 steps, in bits
+               for k in ("bpc_windows", "bpc_memory", "bpc_infill"))
     from minixl.xlnet.experiments import LAYOUT_COLUMNS
     for r in rows:  # the readings with segment ids: the pretraining input's arm only
         assert all((r[k] != "") == (r["reuse_len"] != "0") for k in LAYOUT_COLUMNS)
     pre = rows[-1]  # one segment: the same scores as no ids (softmax ignores a row's constant)
     for k in ("windows", "memory", "infill"):
         assert abs(float(pre[f"bpc_{k}_one_segment"]) - float(pre[f"bpc_{k}"])) < 1e-3
-    assert 0 < float(pre["bpc_layout"]) < 9 and 0 < float(pre["bpc_layout_no_segments"]) < 9
+    assert near_uniform(float(pre["bpc_layout"]), within=1.0)
+    assert near_uniform(float(pre["bpc_layout_no_segments"]), within=1.0)
     # --arms runs just those
     rows = run("xlnet_memory", "--arms", "ordered streams + memory", "--steps", "1")
     assert [r["arm"] for r in rows] == ["ordered streams + memory"]
@@ -356,7 +359,8 @@ def _hang_together(run, capsys):
     rows = run("xlnet_objectives", "--arms", "XLNet spans, 11 targets; causal, 64 targets")
     assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
         ("XLNet spans, 11 targets", "spans", "11"), ("causal, 64 targets", "causal", "64")]
-    assert all(0 < float(r[k]) < 9 for r in rows for k in ("bpc_infill", "bpc_left_to_right"))
+    assert all(near_uniform(float(r[k]), within=1.0) for r in rows
+               for k in ("bpc_infill", "bpc_left_to_right"))
     # exercise 5's arms run by name only; the default is section 5.8's five
     rows = run("xlnet_objectives", "--arms", "XLNet, 16 targets")
     assert [(r["arm"], r["objective"], r["targets"]) for r in rows] == [
