@@ -194,9 +194,9 @@ _NAMES = {
 }
 _MODULES = (
     'aux_losses', 'bench', 'char_transformer', 'check', 'checkpoint', 'cli', 'data',
-    'device', 'evaluation', 'experiments', 'kinds', 'launch', 'model_kind', 'models',
-    'one_bench', 'options', 'planner', 'plugins', 'reach', 'relative_attention',
-    'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
+    'device', 'errors', 'evaluation', 'experiments', 'kinds', 'launch', 'model_kind',
+    'models', 'one_bench', 'options', 'planner', 'plugins', 'reach',
+    'relative_attention', 'scoring', 'segtree', 'training', 'transformer_xl', 'xlnet',
 )
 __all__ = sorted(_NAMES) + list(_MODULES)
 

@@ -6,7 +6,8 @@ come from the registered model kinds (`minixl.kinds`; `--model MODULE:NAME` load
 your own), and `minixl bench --suite NAME` runs an entry of the registry of runs
 (`minixl.experiments`) with that entry's own options.
 
-Exit codes (`exit_code`, the one place that maps errors to them): 0 done; 2 bad input (one
+Exit codes (`minixl.errors.exit_code`, the one place that maps errors to them, shared with
+the registry of runs): 0 done; 2 bad input (one
 line says what was wrong and what is expected); 3 training diverged (the last good
 checkpoint is kept); 4 the run folder could not be written (the last checkpoint is kept);
 130 and 143 stopped by SIGINT (Ctrl-C) and SIGTERM, after saving a checkpoint of the last
@@ -24,9 +25,10 @@ from dataclasses import fields
 import torch
 
 from .char_transformer import generate
-from .checkpoint import CheckpointError, load_checkpoint
-from .data import DownloadError, decode, encode, load_corpus
+from .checkpoint import load_checkpoint
+from .data import decode, encode, load_corpus
 from .device import autocast, resolve_device
+from .errors import ERRORS, exit_code
 from .evaluation import PROTOCOLS
 from .experiments import EXPERIMENTS
 from .experiments import main as run_entry
@@ -38,7 +40,6 @@ from .scoring import check_score, score
 
 __all__ = ["main", "build_parser"]
 
-ERRORS = (ValueError, CheckpointError, DownloadError, OSError)  # bad input: exit code 2
 EPILOG = ("exit codes: 0 done, 2 bad input, 3 training diverged, 4 the run folder could not "
           "be written (disk full, file too large, no permission, I/O error; the last checkpoint "
           "is kept), 130/143 stopped by SIGINT/SIGTERM (checkpoint saved); under torchrun, "
@@ -71,16 +72,6 @@ TRAIN_OPTIONS = (
     Option("ckpt_every", int, None, "checkpoint every N steps"),
     Option("log_every", int, None, "a metrics.csv row every N steps"),
 )
-
-
-def exit_code(err: BaseException) -> int | None:
-    """The exit code of an error that minixl reports in one line, or None for one it does not
-    know (a bug: its traceback is shown)."""
-    if isinstance(err, ERRORS):
-        return 2
-    if isinstance(err, KeyboardInterrupt):
-        return 130
-    return getattr(err, "exit_code", None)  # the trainer's: diverged, save failed, a signal
 
 
 def _report(command: str, err: BaseException) -> str:

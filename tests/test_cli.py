@@ -398,17 +398,37 @@ def test_the_command_line_parser_says_what_is_wrong(capsys):
     assert "usage: minixl bench --suite models" in capsys.readouterr().out
 
 
-def test_one_mapping_from_errors_to_exit_codes():
+def test_one_mapping_from_errors_to_exit_codes(monkeypatch, capsys):
+    """minixl.errors.exit_code is the only map: `minixl` uses it, and so does the registry
+    of runs (`minixl bench --suite`, `python -m minixl.experiments`), whose entries end with
+    the same code for the same error (a download that failed: 2, where it once showed a
+    traceback; a run that diverged: 3), one line each, and a bug's traceback."""
     import signal as signals
 
-    from minixl.cli import exit_code
+    import minixl.cli
+    import minixl.experiments
+    from minixl.checkpoint import CheckpointError
+    from minixl.data import DownloadError
+    from minixl.errors import exit_code
     from minixl.training import SaveFailed, TrainingDiverged, TrainingInterrupted
 
-    assert [exit_code(e) for e in (
-        ValueError("bad"), OSError("disk"), TrainingDiverged(5, 1e-3, "none"),
-        SaveFailed("full"), TrainingInterrupted(signals.SIGINT, 2, Path("c.pt")),
-        TrainingInterrupted(signals.SIGTERM, 2, Path("c.pt")), KeyboardInterrupt(),
-        RuntimeError("a bug"))] == [2, 2, 3, 4, 130, 143, 130, None]
+    assert minixl.cli.exit_code is exit_code
+    errors = (ValueError("bad"), OSError("disk"), CheckpointError("no"), DownloadError("net"),
+              TrainingDiverged(5, 1e-3, "none"), SaveFailed("full"),
+              TrainingInterrupted(signals.SIGINT, 2, Path("c.pt")),
+              TrainingInterrupted(signals.SIGTERM, 2, Path("c.pt")), KeyboardInterrupt(),
+              RuntimeError("a bug"))
+    assert [exit_code(e) for e in errors] == [2, 2, 2, 2, 3, 4, 130, 143, 130, None]
+    for err in errors[:8]:
+        def fail(*args, err=err, **kwargs):
+            raise err
+        monkeypatch.setattr(minixl.experiments, "run", fail)
+        assert main(["bench", "--suite", "shaw_cost"]) == exit_code(err)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("minixl bench: error: "), lines
+    monkeypatch.setattr(minixl.experiments, "run", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(["bench", "--suite", "shaw_cost"])
 
 
 # ---------------------------------------------------------------- run folders

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..errors import exit_code
 from ..options import CORPUS, DEVICE, Option, add_options
 
 __all__ = ["Experiment", "EXPERIMENTS", "register", "run", "default_csv", "write_csv",
@@ -237,17 +238,21 @@ def build_parser(prog: str = "python -m minixl.experiments") -> argparse.Argumen
 
 def main(argv: list[str] | None = None, prog: str = "python -m minixl.experiments",
          say: str | None = None) -> int:
-    """Run one entry from the command line: exit 0 done, 2 bad input (one line, that starts
-    with `say`, by default the program's name)."""
+    """Run one entry from the command line: exit 0 done, else minixl.errors.exit_code's
+    (2 bad input; one line, that starts with `say`, by default the program's name, says
+    why). An error that map does not know is a bug: its traceback is shown."""
     args = build_parser(prog).parse_args(argv)
     entry = EXPERIMENTS[args.name]
     options = {o.name: getattr(args, o.name) for o in entry.options}
     try:
         rows = run(entry.name, csv=args.csv, **options)
         path = write_csv(rows, args.csv)
-    except (ValueError, OSError) as err:
+    except Exception as err:  # (a Ctrl-C ends the process as Python ends it: 130)
+        code = exit_code(err)
+        if code is None:
+            raise
         print(f"{say or prog}: error: {err}", file=sys.stderr)
-        return 2
+        return code
     shown = [c for c in entry.columns if c in rows[0]]  # (a run may return other rows)
     print(markdown_table(rows, None if args.all_columns else shown or None))
     if entry.report:
