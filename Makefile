@@ -4,6 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
+# Where pip finds torch (empty: pip's default, which on Linux is the CUDA build, about 5 GB
+# more). A machine without an NVIDIA GPU: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 # Two installs into one .venv: reading (torch, the library, JupyterLab with jupytext: what
 # `make lab` and `make train` need) and, on top of it, testing (pytest, nbval, transformers
@@ -34,7 +37,7 @@ setup-dev: $(DEV_STAMP) ## add the test and site tools to .venv (test, check, ru
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "minixl needs Python 3.10 or newer; found " + sys.version.split()[0] + ". Set PYTHON=/path/to/python3.x")'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install --quiet -e ".[book]"
 	touch $@
 
@@ -94,6 +97,6 @@ sync: $(STAMP) ## bring each book/*.md and nbs/*.ipynb pair in step
 clean: ## remove .venv, runs/ and the built site
 	rm -rf $(VENV) runs .pytest_cache _build
 
-# Not part of `make test`: about half an hour, one mutant at a time in a copy of the repo.
+# Not part of `make test`: about ten minutes here, one mutant at a time in a copy of the repo.
 mutate: $(DEV_STAMP) ## the mutation run over minixl's core: score and survivors in tests/MUTATION.md
 	$(PY) -m tools.mutate

@@ -182,7 +182,7 @@ def test_environment_yml_matches_pyproject_and_makefile():
         ("check", "test-fast", "run"), "$(DEV_STAMP)")
     assert f"-e .[{extras}]" in pip  # environment.yml builds the testing one
     # every extra but hf-transfoxl, which pins transformers 4.37 for one benchmark and so
-    # cannot share an environment with dev's transformers 5 (README, Benchmarks)
+    # cannot share an environment with dev's transformers 5 (docs/experiments.md)
     assert set(extras.split(",")) == set(project["optional-dependencies"]) - {"hf-transfoxl"}
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert Requirement("python" + project["requires-python"]).specifier.contains(python[7:] + ".0")

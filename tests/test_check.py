@@ -1172,3 +1172,8 @@ def test_a_raising_solution_is_reported_by_shapes_and_dtypes_not_values(capsys):
         "[Tensor(shape=(2,), dtype=int64), 3, '" + "x" * 56 + "...]"
     assert describe((torch.ones(1, 2),)) == "(Tensor(shape=(1, 2), dtype=float32),)"
     assert describe({"m": None}) == "{'m': None}"
+
+
+def test_describe_never_breaks_the_checker_on_an_odd_argument():
+    from minixl.check.verdicts import describe
+    assert describe(torch.Tensor) == "Tensor"  # a class: its shape is a descriptor

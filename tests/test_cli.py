@@ -120,7 +120,7 @@ def test_help_lists_the_commands_and_the_exit_codes(capsys):
     assert ("--aux-losses AUX_LOSSES Chapter 2's losses: comma-separated positions, layers[=W], "
             "targets[=W], or none (default positions; char, shaw)") in text
     assert "--block-size BLOCK_SIZE the window length (char, shaw, segtree)" in text
-    # the README points to `minixl train --help` for the exit codes, torchrun's among them
+    # docs/command_line.md points to `minixl train --help` for the exit codes, torchrun's too
     assert "4 the run folder could not be written" in text
     assert "under torchrun, torchrun's 1 for any of these, minixl's code in its report" in text
     assert "--k K nodes per side and level (--rule bpt only) (segtree)" in text

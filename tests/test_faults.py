@@ -613,3 +613,25 @@ def test_a_damaged_metrics_csv_on_resume_loses_only_the_damaged_lines(tmp_path, 
         assert f"warning: {metrics} had 1 damaged {warned}, dropped" in err, err
     else:
         assert "warning" not in err, err
+
+
+def test_a_folder_locked_for_an_instant_is_waited_for_not_refused(tmp_path):
+    """Another start's preflight takes the folder's lock for an instant: a run that meets
+    it waits (up to half a second) instead of being told the folder is in use, so two
+    starts a moment apart do not turn each other away. A real holder: another process."""
+    from minixl.training.run_folder import RunFolder
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDONLY)"
+         "\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(0.2)", str(out)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        folder = RunFolder(out, None, None, None, {})
+        folder.lock()  # the holder lets go after 0.2 s: taken, not refused
+        folder.unlock()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,6 +1,6 @@
 """The mutation run (`make mutate`, tools/mutate.py) stays runnable: each mutant still applies
 to today's code exactly once, and names tests that exist. (The run itself is not part of
-`make test`: it takes about half an hour.)"""
+`make test`: it takes about ten minutes here.)"""
 
 from tools.mutate import MUTANTS, ROOT
 

@@ -180,13 +180,15 @@ def run_mutant(m: Mutant) -> tuple[bool, str, float]:
                                 "no:cacheprovider", *m.tests], cwd=copy, env=env,
                                capture_output=True, text=True, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            # (a mutant that makes a test loop for ever is caught, as mutation tools count it)
             return True, f"(timed out after {TIMEOUT_S} s)", time.perf_counter() - began
         seconds = time.perf_counter() - began
         failed = [line.split(" ")[1] for line in r.stdout.splitlines()
                   if line.startswith(("FAILED ", "ERROR "))]
-        if r.returncode not in (0, 1):
-            return True, f"(pytest exit {r.returncode}) " + (failed[0] if failed else
-                                                             r.stdout[-300:]), seconds
+        if r.returncode not in (0, 1):  # not a verdict: bad arguments, nothing selected, ...
+            raise RuntimeError(f"mutant {m.name}: pytest {' '.join(m.tests)} ended with exit "
+                               f"code {r.returncode}, neither a pass nor a failure:\n"
+                               f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
         return r.returncode == 1, failed[0] if failed else "", seconds
 
 

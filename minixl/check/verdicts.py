@@ -26,8 +26,12 @@ def describe(value) -> str:
     reason); containers item by item; anything else by its repr, cut to 60 characters."""
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
+        try:
+            dims = tuple(shape)
+        except TypeError:  # a class (torch.Tensor itself), whose shape is a descriptor
+            return type(value).__name__ if not isinstance(value, type) else value.__name__
         kind = type(value).__name__
-        return f"{kind}(shape={tuple(shape)}, dtype={str(dtype).replace('torch.', '')})"
+        return f"{kind}(shape={dims}, dtype={str(dtype).replace('torch.', '')})"
     if isinstance(value, (list, tuple)):
         inner = ", ".join(describe(v) for v in value[:6]) + (", ..." if len(value) > 6 else "")
         return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"

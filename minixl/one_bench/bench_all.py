@@ -295,7 +295,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                          f"too few for one window of {max(length_list)}: use more text or "
                          "shorter --lengths")
     # pydoc's runs stored no corpus: their settings stay as they were
-    own = {} if text.name == "pydoc" else {
+    own = {} if (corpus or "pydoc") == "pydoc" else {
         "corpus": text.name, "corpus_sha256": text.sha256[:16],
         "corpus_train_bytes": int(text.train.numel())}
     settings = _settings(params=params, batch_size=batch_size,

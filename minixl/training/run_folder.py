@@ -19,6 +19,7 @@ import csv
 import errno
 import os
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -123,15 +124,24 @@ class RunFolder:
         self._lock = self._flock(fcntl)
 
     def _flock(self, fcntl) -> int:
-        """The folder's lock taken (its descriptor), or the one line that names its holder."""
+        """The folder's lock taken (its descriptor), or the one line that names its holder.
+        A lock held for less than half a second is waited for: another start's preflight
+        holds it for an instant only, and must not turn this run away (a run holds it for
+        its whole length)."""
         fd = os.open(self.out, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise ValueError(f"{self.out} is in use by another run, {lock_holder(self.out)}: "
-                             "wait for it to end, or choose another --out") from None
-        return fd
+        deadline = time.monotonic() + 0.5
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                os.close(fd)
+                raise ValueError(f"{self.out} is in use by another run, "
+                                 f"{lock_holder(self.out)}: wait for it to end, or choose "
+                                 "another --out") from None
 
     def preflight(self, resume: bool, overwrite: bool, allow: set) -> None:
         """What `begin` would refuse, asked before anything is printed or made: the folder
@@ -240,8 +250,9 @@ class RunFolder:
         rows are minixl's (a last row cut short by the kill aside), its last step no further
         than this run's first save and short of its end (a run that went further saved a
         checkpoint, which someone has since removed: its history is kept); maybe loss.png and the .part of a first
-        save killed half-way. None for anything else: it is not ours to delete. (The caller
-        holds the folder's lock: no run is writing it.)"""
+        save killed half-way. None for anything else: it is not ours to delete. (begin's
+        caller holds the folder's lock: no run is writing it; preflight reads without it,
+        and begin asks again under it.)"""
         if self.ckpt.exists() or not (self.out / METRICS).is_file():
             return None
         try:
