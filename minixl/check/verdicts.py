@@ -29,7 +29,7 @@ def describe(value) -> str:
         try:
             dims = tuple(shape)
         except TypeError:  # a class (torch.Tensor itself), whose shape is a descriptor
-            return type(value).__name__ if not isinstance(value, type) else value.__name__
+            return getattr(value, "__name__", type(value).__name__)
         kind = type(value).__name__
         return f"{kind}(shape={dims}, dtype={str(dtype).replace('torch.', '')})"
     if isinstance(value, (list, tuple)):

@@ -35,7 +35,8 @@ from ..errors import exit_code
 from ..options import CORPUS, DEVICE, Option, add_options
 
 __all__ = ["Experiment", "EXPERIMENTS", "register", "run", "default_csv", "write_csv",
-           "markdown_table", "keep_row", "int_list", "torch_threads", "pins_threads", "build_parser", "main"]
+           "markdown_table", "keep_row", "int_list", "torch_threads", "pins_threads",
+           "build_parser", "main"]
 
 
 @dataclass(frozen=True)

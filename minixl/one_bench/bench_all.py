@@ -329,12 +329,11 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 row["lr"] = "" if old is None else old.get("lr", "")
             planned[name, length, budget] = row
         write_csv(list(planned.values()), folder / "plan.csv")
-        corpus = text
         rates = {name: lr for name in arms}
 
         def rate_of(name: str) -> dict:  # a tuned run's rows name their arm's rate
             return {"lr": rates[name]} if lr_list else {}
-        held = corpus.valid[:eval_bytes]
+        held = text.valid[:eval_bytes]
         reach_length, reach_budget = max(length_list), max(budget_list)
         train_reach = reach_training(distance_list)
         bands = distance_bands(distance_list)
@@ -353,7 +352,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
         done_q, done_r, count = tally()
         try:
             if lr_list:  # its trainings are lr.csv's rows, not points of runs.csv
-                rates = _tune(arms, plans, planned, corpus, folder, settings, lr_list,
+                rates = _tune(arms, plans, planned, text, folder, settings, lr_list,
                               length=min(length_list), budget=min(budget_list),
                               seed=min(seed_list), eval_bytes=eval_bytes, device=device)
                 if not reach_only:  # (a reach-only run trains no quality point again)
@@ -364,7 +363,7 @@ def bench_all(budgets: str = "5e11,1e12,2e12", params: int = 200_000, seeds: str
                 if (name, length, budget, seed) in done_q:
                     continue
                 kind, plan = arms[name][0], plans[name, length, budget]
-                model, seconds = train_arm(kind, plan, corpus.train, seed=seed,
+                model, seconds = train_arm(kind, plan, text.train, seed=seed,
                                            lr=rates[name], device=device)
                 own = evaluate(model, held, kind.protocol(), kind=kind, seq_len=length)
                 common, _ = read_left_to_right(model, held,

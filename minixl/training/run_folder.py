@@ -109,25 +109,28 @@ class RunFolder:
     def lock(self) -> None:
         """Take the folder's lock (creating the folder), or stop with one line that names
         the process that holds it."""
-        if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"--out {self.out} is a file: name a folder for the run")
+        self._refuse_a_file()
         self.out.parent.mkdir(parents=True, exist_ok=True)
         try:  # exactly one of two runs starting at once makes the folder
             self.out.mkdir()
             self._made = True
         except FileExistsError:
             self._made = False
+        self._lock = self._flock()
+
+    def _refuse_a_file(self) -> None:
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out} is a file: name a folder for the run")
+
+    def _flock(self) -> int | None:
+        """The folder's lock taken (its descriptor; None without flock, on Windows: the
+        folder, but no lock), or the one line that names its holder. A lock held for less
+        than half a second is waited for: another start's preflight holds it for an instant
+        only, and must not turn this run away (a run holds it for its whole length)."""
         try:
             import fcntl
-        except ImportError:  # no flock (Windows): the folder, but no lock
-            return
-        self._lock = self._flock(fcntl)
-
-    def _flock(self, fcntl) -> int:
-        """The folder's lock taken (its descriptor), or the one line that names its holder.
-        A lock held for less than half a second is waited for: another start's preflight
-        holds it for an instant only, and must not turn this run away (a run holds it for
-        its whole length)."""
+        except ImportError:
+            return None
         fd = os.open(self.out, os.O_RDONLY)
         deadline = time.monotonic() + 0.5
         while True:
@@ -147,15 +150,9 @@ class RunFolder:
         """What `begin` would refuse, asked before anything is printed or made: the folder
         in use by another run (its lock, taken and dropped at once), then check_start. A
         start it passes is checked again under the lock by `begin`, which decides."""
-        if self.out.exists() and not self.out.is_dir():
-            raise ValueError(f"--out {self.out} is a file: name a folder for the run")
-        if self.out.is_dir():
-            try:
-                import fcntl
-            except ImportError:  # no flock (Windows)
-                pass
-            else:
-                os.close(self._flock(fcntl))
+        self._refuse_a_file()
+        if self.out.is_dir() and (fd := self._flock()) is not None:
+            os.close(fd)
         self.check_start(resume, overwrite, allow)
 
     def unlock(self) -> None:
